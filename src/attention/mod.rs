@@ -1,0 +1,4 @@
+//! Attention kernels over a KV cache, and the problem description they share with the reference.
+pub mod spec;
+
+pub use spec::{AttentionOptions, AttentionShape, RaggedBatch};

@@ -1,0 +1,1 @@
+//! placeholder: the helper writing the reference fills this in.

@@ -1,0 +1,69 @@
+//! The crate's error type: one variant per way a call can fail.
+
+/// Everything that can go wrong in kvattn. Every public function that takes user input returns
+/// `Result<T, Error>`; no user input makes the library panic.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No wgpu adapter matched the request (or none exists on this machine).
+    #[error("no GPU adapter found ({detail}). On a machine without a GPU install Mesa's software adapters (`apt-get install mesa-vulkan-drivers` for Vulkan lavapipe) or run with WGPU_BACKEND=gl (llvmpipe)")]
+    NoAdapter {
+        /// What was asked for and what was found.
+        detail: String,
+    },
+    /// The adapter refused to create a device with the requested features and limits.
+    #[error("could not create a device on adapter {adapter}: {message}")]
+    RequestDevice {
+        /// Adapter name.
+        adapter: String,
+        /// wgpu's message.
+        message: String,
+    },
+    /// A shader module or pipeline failed validation.
+    #[error("shader {name} failed to compile: {message}")]
+    Shader {
+        /// Name of the composed source (kernel and variant).
+        name: String,
+        /// The validator's message.
+        message: String,
+    },
+    /// A GPU operation failed after dispatch (device lost, out of memory, mapping failure).
+    #[error("GPU error: {0}")]
+    Gpu(String),
+    /// The kernel needs an adapter feature this device does not have.
+    #[error("this adapter lacks the feature {0}")]
+    MissingFeature(&'static str),
+    /// A head dimension the format or kernel cannot handle.
+    #[error("head dimension {head_dim} is not supported: {reason}")]
+    UnsupportedHeadDim {
+        /// The head dimension given.
+        head_dim: usize,
+        /// Why it is refused (for example "must be a multiple of 4").
+        reason: String,
+    },
+    /// A tensor's length does not match the shape implied by the other arguments.
+    #[error("{what}: expected {expected} elements, got {got}")]
+    ShapeMismatch {
+        /// Which tensor.
+        what: &'static str,
+        /// Elements expected.
+        expected: usize,
+        /// Elements given.
+        got: usize,
+    },
+    /// An argument is out of its allowed range or inconsistent with another one.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A buffer would exceed an adapter limit (for example `max_storage_buffer_binding_size`).
+    #[error("{what} needs {bytes} bytes, over the adapter limit of {limit}")]
+    TooLarge {
+        /// What was being sized.
+        what: String,
+        /// Bytes needed.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
+}
+
+/// `Result` with the crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
