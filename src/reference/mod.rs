@@ -1,1 +1,10 @@
-//! placeholder
+//! CPU references of the kernels: plain loops, f64 accumulation, explicit masks (DESIGN.md
+//! section 8). They are the oracles of the GPU tests and of `kvattn verify`, and are themselves
+//! tested on hand-computed cases.
+//!
+//! Inputs are f32 slices. To model a kernel that reads f16 (or quantized) values, round the inputs
+//! to what the kernel sees before calling: every f16 and bf16 value is exact in f32.
+
+pub mod attention;
+
+pub use attention::{attention, AttentionOutput};
