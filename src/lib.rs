@@ -1,7 +1,11 @@
-//! kvattn: cross-vendor GPU attention kernels over a KV cache, on wgpu and WGSL.
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
 pub mod attention;
 pub mod error;
+pub mod gpu;
+pub mod pipeline;
 pub mod quant;
 pub mod reference;
+pub mod shader;
 
 pub use error::{Error, Result};

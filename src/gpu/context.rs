@@ -1,0 +1,279 @@
+//! Adapter choice, device creation and what the device can do.
+
+use crate::pipeline::PipelineCache;
+use crate::{Error, Result};
+
+/// How to choose an adapter. The defaults read wgpu's environment variables (`WGPU_BACKEND`,
+/// `WGPU_ADAPTER_NAME`, `WGPU_POWER_PREF`); fields set here take precedence over them.
+#[derive(Debug, Clone, Default)]
+pub struct ContextOptions {
+    /// Backends to consider; `None` means `WGPU_BACKEND`, or every backend when that is unset.
+    pub backends: Option<wgpu::Backends>,
+    /// Case-insensitive substring of the adapter name; `None` means `WGPU_ADAPTER_NAME`.
+    pub adapter_name: Option<String>,
+    /// Power preference; `None` means `WGPU_POWER_PREF`, else discrete GPUs first.
+    pub power_preference: Option<wgpu::PowerPreference>,
+    /// Do not request `SHADER_F16` even if the adapter has it (forces the portable path).
+    pub disable_f16: bool,
+    /// Do not request `SUBGROUP` even if the adapter has it.
+    pub disable_subgroups: bool,
+    /// Cap on the storage binding size the library plans with (tests use small caps so that
+    /// pools split across several buffers). `None` uses the adapter's limit.
+    pub max_storage_binding_cap: Option<u64>,
+}
+
+/// The adapter a [`Context`] runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterSummary {
+    /// Adapter name as the driver reports it.
+    pub name: String,
+    /// Backend (vulkan, metal, dx12, gl).
+    pub backend: String,
+    /// Device type (DiscreteGpu, IntegratedGpu, Cpu, ...).
+    pub device_type: String,
+    /// Driver name.
+    pub driver: String,
+    /// Driver version or other detail.
+    pub driver_info: String,
+}
+
+/// What the device was created with: the optional features the kernels can use and the limits
+/// they plan with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// `SHADER_F16`: the f16 kernel variants are available.
+    pub shader_f16: bool,
+    /// `SUBGROUP`: subgroup builtins are available.
+    pub subgroups: bool,
+    /// Smallest subgroup size the adapter may use (0 when subgroups are off).
+    pub subgroup_min_size: u32,
+    /// Largest subgroup size the adapter may use (0 when subgroups are off).
+    pub subgroup_max_size: u32,
+    /// `TIMESTAMP_QUERY`: kernels can be timed on the device.
+    pub timestamps: bool,
+    /// Largest storage buffer binding, in bytes (after [`ContextOptions::max_storage_binding_cap`]).
+    pub max_storage_buffer_binding_size: u64,
+    /// Largest buffer, in bytes.
+    pub max_buffer_size: u64,
+    /// Storage buffers one shader stage may bind.
+    pub max_storage_buffers_per_shader_stage: u32,
+    /// Workgroup memory per workgroup, in bytes.
+    pub max_compute_workgroup_storage_size: u32,
+    /// Invocations per workgroup.
+    pub max_compute_invocations_per_workgroup: u32,
+    /// Workgroups per dispatch dimension.
+    pub max_compute_workgroups_per_dimension: u32,
+}
+
+impl Capabilities {
+    /// Names of the optional features in use, for printing.
+    pub fn feature_names(&self) -> Vec<&'static str> {
+        let mut names = Vec::new();
+        if self.shader_f16 {
+            names.push("shader-f16");
+        }
+        if self.subgroups {
+            names.push("subgroup");
+        }
+        if self.timestamps {
+            names.push("timestamp-query");
+        }
+        names
+    }
+}
+
+/// A device on one adapter, with its queue, capabilities and pipeline cache. Cheap to share by
+/// reference; every kernel call takes `&Context`.
+pub struct Context {
+    /// The wgpu device.
+    pub device: wgpu::Device,
+    /// Its queue.
+    pub queue: wgpu::Queue,
+    adapter: AdapterSummary,
+    caps: Capabilities,
+    pub(crate) pipelines: PipelineCache,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("adapter", &self.adapter)
+            .field("caps", &self.caps)
+            .finish_non_exhaustive()
+    }
+}
+
+fn type_rank(t: wgpu::DeviceType, pref: wgpu::PowerPreference) -> u32 {
+    use wgpu::DeviceType as T;
+    match (t, pref) {
+        (T::IntegratedGpu, wgpu::PowerPreference::LowPower) => 0,
+        (T::DiscreteGpu, _) => 1,
+        (T::IntegratedGpu, _) => 2,
+        (T::VirtualGpu, _) => 3,
+        (T::Other, _) => 4,
+        (T::Cpu, _) => 5,
+    }
+}
+
+fn backend_rank(b: wgpu::Backend) -> u32 {
+    match b {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        wgpu::Backend::Gl => 1,
+        _ => 2,
+    }
+}
+
+fn summary(info: &wgpu::AdapterInfo) -> AdapterSummary {
+    AdapterSummary {
+        name: info.name.clone(),
+        backend: info.backend.to_str().to_string(),
+        device_type: format!("{:?}", info.device_type),
+        driver: info.driver.clone(),
+        driver_info: info.driver_info.clone(),
+    }
+}
+
+impl Context {
+    /// Opens the best adapter, honouring `WGPU_BACKEND`, `WGPU_ADAPTER_NAME` and
+    /// `WGPU_POWER_PREF`. Fails with [`Error::NoAdapter`] (which says how to get a software
+    /// adapter) when none exists.
+    pub fn new() -> Result<Self> {
+        Self::with_options(&ContextOptions::default())
+    }
+
+    /// Opens an adapter chosen by `opts` (environment variables fill the unset fields).
+    pub fn with_options(opts: &ContextOptions) -> Result<Self> {
+        pollster::block_on(Self::open(opts))
+    }
+
+    async fn open(opts: &ContextOptions) -> Result<Self> {
+        let backends = opts
+            .backends
+            .or_else(wgpu::Backends::from_env)
+            .unwrap_or(wgpu::Backends::all());
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle().with_env();
+        desc.backends = backends;
+        let instance = wgpu::Instance::new(desc);
+        let name = opts
+            .adapter_name
+            .clone()
+            .or_else(|| std::env::var("WGPU_ADAPTER_NAME").ok())
+            .map(|n| n.to_lowercase());
+        let pref = opts
+            .power_preference
+            .or_else(wgpu::PowerPreference::from_env)
+            .unwrap_or(wgpu::PowerPreference::HighPerformance);
+
+        let adapters = instance.enumerate_adapters(backends).await;
+        let found: Vec<String> = adapters
+            .iter()
+            .map(|a| {
+                let i = a.get_info();
+                format!("{} ({})", i.name, i.backend.to_str())
+            })
+            .collect();
+        let adapter = adapters
+            .into_iter()
+            .filter(|a| {
+                let info = a.get_info();
+                let named = name
+                    .as_ref()
+                    .is_none_or(|n| info.name.to_lowercase().contains(n));
+                named
+                    && a.get_downlevel_capabilities()
+                        .flags
+                        .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
+            })
+            .min_by_key(|a| {
+                let info = a.get_info();
+                (
+                    type_rank(info.device_type, pref),
+                    backend_rank(info.backend),
+                )
+            })
+            .ok_or_else(|| Error::NoAdapter {
+                detail: format!(
+                    "backends {backends:?}, name filter {:?}; adapters with compute present: [{}]",
+                    name.as_deref().unwrap_or("none"),
+                    found.join(", ")
+                ),
+            })?;
+        Self::from_adapter(&adapter, opts).await
+    }
+
+    async fn from_adapter(adapter: &wgpu::Adapter, opts: &ContextOptions) -> Result<Self> {
+        let info = adapter.get_info();
+        let have = adapter.features();
+        let mut wanted = wgpu::Features::TIMESTAMP_QUERY;
+        if !opts.disable_f16 {
+            wanted |= wgpu::Features::SHADER_F16;
+        }
+        if !opts.disable_subgroups {
+            wanted |= wgpu::Features::SUBGROUP;
+        }
+        let features = have & wanted;
+        let limits = adapter.limits();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("kvattn"),
+                required_features: features,
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| Error::RequestDevice {
+                adapter: info.name.clone(),
+                message: e.to_string(),
+            })?;
+        let subgroups = features.contains(wgpu::Features::SUBGROUP);
+        let binding = limits.max_storage_buffer_binding_size;
+        let caps = Capabilities {
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups,
+            subgroup_min_size: if subgroups { info.subgroup_min_size } else { 0 },
+            subgroup_max_size: if subgroups { info.subgroup_max_size } else { 0 },
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            max_storage_buffer_binding_size: opts
+                .max_storage_binding_cap
+                .map_or(binding, |cap| cap.min(binding)),
+            max_buffer_size: limits.max_buffer_size,
+            max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
+            max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
+            max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+            max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
+        };
+        Ok(Self {
+            device,
+            queue,
+            adapter: summary(&info),
+            caps,
+            pipelines: PipelineCache::default(),
+        })
+    }
+
+    /// The adapter this context runs on.
+    pub fn adapter(&self) -> &AdapterSummary {
+        &self.adapter
+    }
+
+    /// Features and limits of the device.
+    pub fn caps(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    /// Runs `f` inside validation and out-of-memory error scopes; a wgpu error raised by what
+    /// `f` records becomes [`Error::Gpu`] instead of a panic in wgpu's default handler.
+    pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let value = f();
+        let validation = pollster::block_on(validation.pop());
+        let oom = pollster::block_on(oom.pop());
+        match validation.or(oom) {
+            Some(e) => Err(Error::Gpu(format!("{what}: {e}"))),
+            None => Ok(value),
+        }
+    }
+}

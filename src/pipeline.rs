@@ -1,0 +1,160 @@
+//! A cache of compute pipelines keyed by (shader variant, override constants), built lazily.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::gpu::Context;
+use crate::shader::ShaderVariant;
+use crate::{Error, Result};
+
+/// Identifies one specialized pipeline: a shader variant and its override constants.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PipelineKey {
+    /// The composed shader.
+    pub variant: ShaderVariant,
+    /// Override constants as `(name, f64 bits)`, in the order the kernel lists them.
+    constants: Vec<(&'static str, u64)>,
+}
+
+impl PipelineKey {
+    /// A key for `variant` specialized with `constants`.
+    pub fn new(variant: ShaderVariant, constants: &[(&'static str, f64)]) -> Self {
+        Self {
+            variant,
+            constants: constants.iter().map(|&(n, v)| (n, v.to_bits())).collect(),
+        }
+    }
+
+    /// The override constants as wgpu takes them.
+    pub fn constants(&self) -> Vec<(&'static str, f64)> {
+        self.constants
+            .iter()
+            .map(|&(n, bits)| (n, f64::from_bits(bits)))
+            .collect()
+    }
+}
+
+/// Shader modules per variant and pipelines per key, created on first use.
+#[derive(Default)]
+pub(crate) struct PipelineCache {
+    modules: Mutex<HashMap<ShaderVariant, Arc<wgpu::ShaderModule>>>,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl Context {
+    fn shader_module(&self, variant: ShaderVariant) -> Result<Arc<wgpu::ShaderModule>> {
+        let mut modules = self
+            .pipelines
+            .modules
+            .lock()
+            .expect("module cache poisoned");
+        if let Some(m) = modules.get(&variant) {
+            return Ok(m.clone());
+        }
+        let missing = variant.required_features() - self.device.features();
+        if missing.contains(wgpu::Features::SHADER_F16) {
+            return Err(Error::MissingFeature("shader-f16"));
+        }
+        let name = variant.name();
+        let source = variant.source();
+        let module = self
+            .scoped(&name, || {
+                self.device
+                    .create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(&name),
+                        source: wgpu::ShaderSource::Wgsl(source.into()),
+                    })
+            })
+            .map_err(|e| Error::Shader {
+                name: name.clone(),
+                message: e.to_string(),
+            })?;
+        let module = Arc::new(module);
+        modules.insert(variant, module.clone());
+        Ok(module)
+    }
+
+    /// The pipeline for `key`, built (and validated) on first use. A shader or pipeline that
+    /// fails validation returns [`Error::Shader`].
+    pub fn pipeline(&self, key: &PipelineKey) -> Result<Arc<wgpu::ComputePipeline>> {
+        if let Some(p) = self
+            .pipelines
+            .pipelines
+            .lock()
+            .expect("pipeline cache poisoned")
+            .get(key)
+        {
+            return Ok(p.clone());
+        }
+        let module = self.shader_module(key.variant)?;
+        let name = key.variant.name();
+        let constants = key.constants();
+        let pipeline = self
+            .scoped(&name, || {
+                self.device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(&name),
+                        layout: None,
+                        module: &module,
+                        entry_point: Some("main"),
+                        compilation_options: wgpu::PipelineCompilationOptions {
+                            constants: &constants,
+                            zero_initialize_workgroup_memory: false,
+                        },
+                        cache: None,
+                    })
+            })
+            .map_err(|e| Error::Shader {
+                name: format!("{name} {constants:?}"),
+                message: e.to_string(),
+            })?;
+        let pipeline = Arc::new(pipeline);
+        self.pipelines
+            .pipelines
+            .lock()
+            .expect("pipeline cache poisoned")
+            .insert(key.clone(), pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// Binds `buffers` to bindings 0, 1, ... of group 0 (layout taken from the shader), records
+    /// one dispatch of `workgroups` and submits it. wgpu errors become [`Error::Gpu`].
+    pub fn dispatch(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        buffers: &[&wgpu::Buffer],
+        workgroups: [u32; 3],
+    ) -> Result<()> {
+        let max = self.caps().max_compute_workgroups_per_dimension;
+        if workgroups.iter().any(|&n| n > max) {
+            return Err(Error::InvalidArgument(format!(
+                "dispatch of {workgroups:?} workgroups exceeds the adapter's {max} per dimension"
+            )));
+        }
+        self.scoped("dispatch", || {
+            let entries: Vec<wgpu::BindGroupEntry> = buffers
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: b.as_entire_binding(),
+                })
+                .collect();
+            let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
+            let mut encoder = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+            {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                pass.set_pipeline(pipeline);
+                pass.set_bind_group(0, &bind_group, &[]);
+                pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+            }
+            self.queue.submit([encoder.finish()]);
+        })
+    }
+}

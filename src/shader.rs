@@ -1,0 +1,157 @@
+//! WGSL sources, composed by concatenation from `shaders/lib/` pieces and one kernel file, and
+//! the list of every variant the crate can build (the naga tests walk it).
+//!
+//! There is no preprocessor: a variant is a precision prelude (type aliases, and `enable f16;`
+//! for the f16 path), the library pieces the kernel needs, then the kernel itself. Everything
+//! else is specialized with WGSL `override` constants when the pipeline is created.
+
+use crate::gpu::WgslStruct;
+
+/// Precision prelude of the portable variants.
+const PRELUDE_F32: &str = include_str!("../shaders/lib/precision_f32.wgsl");
+/// Precision prelude of the f16 variants (needs `SHADER_F16`).
+const PRELUDE_F16: &str = include_str!("../shaders/lib/precision_f16.wgsl");
+/// KV decoding for every storage format.
+const LIB_KV_LOAD: &str = include_str!("../shaders/lib/kv_load.wgsl");
+/// Shared constants and online-softmax helpers.
+const LIB_SOFTMAX: &str = include_str!("../shaders/lib/softmax.wgsl");
+
+/// In which precision a kernel variant keeps its values. Accumulation is f32 in both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Precision {
+    /// Portable: core WGSL only, every value in f32.
+    F32,
+    /// Q, K, V and probabilities held in f16 (needs `SHADER_F16`); products and sums in f32.
+    F16,
+}
+
+impl Precision {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::F16 => "f16",
+        }
+    }
+}
+
+/// A kernel family: one WGSL file in `shaders/` and the Rust module that dispatches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kernel {
+    /// Decode attention over a contiguous KV cache (`shaders/decode.wgsl`).
+    Decode,
+    /// Dequantize KV rows of any storage format to f32 (`shaders/dequant.wgsl`).
+    Dequant,
+}
+
+/// A host struct's layout as the layout test sees it: WGSL name, field offsets, size.
+pub type StructLayout = (&'static str, Vec<(&'static str, usize)>, usize);
+
+fn layout_of<T: WgslStruct>() -> StructLayout {
+    (T::WGSL_NAME, T::field_offsets(), std::mem::size_of::<T>())
+}
+
+impl Kernel {
+    /// Every kernel family.
+    pub const ALL: [Kernel; 2] = [Kernel::Decode, Kernel::Dequant];
+
+    /// Name used in labels, errors and pipeline keys.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Decode => "decode",
+            Kernel::Dequant => "dequant",
+        }
+    }
+
+    fn body(self) -> &'static str {
+        match self {
+            Kernel::Decode => include_str!("../shaders/decode.wgsl"),
+            Kernel::Dequant => include_str!("../shaders/dequant.wgsl"),
+        }
+    }
+
+    fn libs(self) -> &'static [&'static str] {
+        match self {
+            Kernel::Decode => &[LIB_KV_LOAD, LIB_SOFTMAX],
+            Kernel::Dequant => &[LIB_KV_LOAD],
+        }
+    }
+
+    /// The precisions this kernel is built in.
+    pub fn precisions(self) -> &'static [Precision] {
+        match self {
+            Kernel::Decode => &[Precision::F32, Precision::F16],
+            Kernel::Dequant => &[Precision::F32],
+        }
+    }
+
+    /// The host mirrors of the kernel's WGSL structs (checked against naga's layout).
+    pub fn param_structs(self) -> Vec<StructLayout> {
+        match self {
+            Kernel::Decode => vec![layout_of::<crate::attention::decode::DecodeParams>()],
+            Kernel::Dequant => vec![layout_of::<crate::quant::dequant::DequantParams>()],
+        }
+    }
+
+    /// Override-constant sets the host really uses, from the smallest to the largest shapes
+    /// (largest workgroup memory), so validation sees the extremes.
+    pub fn representative_constants(self, precision: Precision) -> Vec<Vec<(&'static str, f64)>> {
+        match self {
+            Kernel::Decode => crate::attention::decode::representative_constants(precision),
+            Kernel::Dequant => crate::quant::dequant::representative_constants(),
+        }
+    }
+}
+
+/// One composable shader: a kernel in a precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ShaderVariant {
+    /// The kernel family.
+    pub kernel: Kernel,
+    /// The precision prelude.
+    pub precision: Precision,
+}
+
+impl ShaderVariant {
+    /// `kernel/precision`, e.g. `decode/f16`.
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.kernel.name(), self.precision.name())
+    }
+
+    /// The composed WGSL source.
+    pub fn source(&self) -> String {
+        let prelude = match self.precision {
+            Precision::F32 => PRELUDE_F32,
+            Precision::F16 => PRELUDE_F16,
+        };
+        let mut src = String::from(prelude);
+        for lib in self.kernel.libs() {
+            src.push('\n');
+            src.push_str(lib);
+        }
+        src.push('\n');
+        src.push_str(self.kernel.body());
+        src
+    }
+
+    /// The device features the variant needs.
+    pub fn required_features(&self) -> wgpu::Features {
+        match self.precision {
+            Precision::F32 => wgpu::Features::empty(),
+            Precision::F16 => wgpu::Features::SHADER_F16,
+        }
+    }
+}
+
+/// Every shader variant the crate can compose.
+pub fn all_variants() -> Vec<ShaderVariant> {
+    Kernel::ALL
+        .iter()
+        .flat_map(|&kernel| {
+            kernel
+                .precisions()
+                .iter()
+                .map(move |&precision| ShaderVariant { kernel, precision })
+        })
+        .collect()
+}

@@ -1,0 +1,81 @@
+//! Shared by the integration tests: the adapter, a deterministic PRNG, error measures.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use kvattn::gpu::Context;
+
+/// The context every GPU test in a binary shares. With no adapter the test fails (never
+/// skips) with a message that says how to get one.
+pub fn gpu() -> &'static Context {
+    static CTX: OnceLock<Context> = OnceLock::new();
+    CTX.get_or_init(|| {
+        let ctx = Context::new()
+            .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"));
+        eprintln!(
+            "kvattn tests on adapter: {} ({}, {}), features [{}]",
+            ctx.adapter().name,
+            ctx.adapter().backend,
+            ctx.adapter().device_type,
+            ctx.caps().feature_names().join(", ")
+        );
+        ctx
+    })
+}
+
+/// xorshift64*: deterministic, dependency-free test data.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed (any value).
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f32 {
+        let u1 = self.uniform().max(1e-300);
+        let u2 = self.uniform();
+        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+    }
+
+    /// `n` normal values times `scale`.
+    pub fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() * scale).collect()
+    }
+}
+
+/// Largest absolute difference; NaN anywhere (a missing write) counts as infinite.
+pub fn max_abs_err(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "length mismatch");
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| {
+            if g.is_nan() || w.is_nan() {
+                f64::INFINITY
+            } else if g == w {
+                0.0
+            } else {
+                (f64::from(g) - f64::from(w)).abs()
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Largest absolute value, at least 1 (the output scale the tolerances are relative to).
+pub fn output_scale(x: &[f32]) -> f64 {
+    x.iter().map(|v| f64::from(v.abs())).fold(1.0, f64::max)
+}

@@ -1,0 +1,386 @@
+//! Decode over a contiguous cache vs the CPU reference, on a grid of head dims, GQA groups and
+//! context lengths, in every storage format and precision the adapter offers.
+
+use half::f16;
+use kvattn::attention::decode::{decode_batch, DecodeConfig};
+use kvattn::attention::{AttentionOptions, AttentionShape, RaggedBatch};
+use kvattn::quant::KvDtype;
+use kvattn::reference;
+use kvattn::shader::Precision;
+use kvattn::Error;
+
+use crate::common::{gpu, max_abs_err, output_scale, Rng};
+
+const CONTEXTS: [usize; 4] = [1, 17, 97, 1000];
+
+/// (num_q_heads, num_kv_heads): MHA, GQA 4, GQA 8, MQA with an odd group, MQA with 32 heads.
+const HEADS: [(usize, usize); 5] = [(4, 4), (8, 2), (16, 2), (12, 1), (32, 1)];
+
+struct Case {
+    shape: AttentionShape,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    cu_q: Vec<u32>,
+    cu_k: Vec<u32>,
+}
+
+impl Case {
+    fn new(shape: AttentionShape, lens: &[usize], seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let total_k: usize = lens.iter().sum();
+        let mut cu_k = vec![0u32];
+        for &l in lens {
+            cu_k.push(cu_k.last().unwrap() + l as u32);
+        }
+        Self {
+            q: rng.normals(lens.len() * shape.num_q_heads * shape.head_dim_qk, 1.0),
+            k: rng.normals(total_k * shape.num_kv_heads * shape.head_dim_qk, 1.0),
+            v: rng.normals(total_k * shape.num_kv_heads * shape.head_dim_v, 1.0),
+            cu_q: (0..=lens.len() as u32).collect(),
+            cu_k,
+            shape,
+        }
+    }
+
+    fn batch(&self) -> RaggedBatch<'_> {
+        RaggedBatch {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            cu_seqlens_q: &self.cu_q,
+            cu_seqlens_k: &self.cu_k,
+        }
+    }
+}
+
+fn round_to(dtype: KvDtype, x: &[f32]) -> Vec<f32> {
+    match dtype {
+        KvDtype::F32 => x.to_vec(),
+        KvDtype::F16 => x.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
+        KvDtype::Bf16 => x
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_f32())
+            .collect(),
+        other => panic!("no rounding for {other}"),
+    }
+}
+
+fn to_f16(x: &[f32]) -> Vec<f32> {
+    round_to(KvDtype::F16, x)
+}
+
+/// The f16 kernel's arithmetic done honestly on the CPU: q, k, v and the probabilities held in
+/// f16 (the probabilities relative to the row's final max), everything else in f64.
+fn decode_f16_emulated(case: &Case, k: &[f32], v: &[f32], opts: &AttentionOptions) -> Vec<f32> {
+    let s = &case.shape;
+    let (hq, hkv, d, dv) = (s.num_q_heads, s.num_kv_heads, s.head_dim_qk, s.head_dim_v);
+    let q = to_f16(&case.q);
+    let (k, v) = (to_f16(k), to_f16(v));
+    let scale = f64::from(opts.scale_for(s));
+    let mut out = Vec::new();
+    for seq in 0..case.cu_k.len() - 1 {
+        let (k0, k1) = (case.cu_k[seq] as usize, case.cu_k[seq + 1] as usize);
+        for h in 0..hq {
+            let kvh = h / s.group();
+            let qr = &q[(seq * hq + h) * d..][..d];
+            let scores: Vec<f64> = (k0..k1)
+                .map(|j| {
+                    let kr = &k[(j * hkv + kvh) * d..][..d];
+                    scale
+                        * qr.iter()
+                            .zip(kr)
+                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                            .sum::<f64>()
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = scores
+                .iter()
+                .map(|&x| f64::from(f16::from_f64((x - m).exp()).to_f32()))
+                .collect();
+            let l: f64 = p.iter().sum();
+            for c in 0..dv {
+                let acc: f64 = (k0..k1)
+                    .zip(&p)
+                    .map(|(j, &pj)| pj * f64::from(v[(j * hkv + kvh) * dv + c]))
+                    .sum();
+                out.push((acc / l) as f32);
+            }
+        }
+    }
+    out
+}
+
+fn precisions() -> Vec<Precision> {
+    let mut p = vec![Precision::F32];
+    if gpu().caps().shader_f16 {
+        p.push(Precision::F16);
+    }
+    p
+}
+
+#[test]
+fn decode_matches_reference_on_grid() {
+    let ctx = gpu();
+    let mut cases = 0;
+    let mut worst: Vec<(String, f64)> = Vec::new();
+    for &d in &[64usize, 80, 128, 256] {
+        for (hi, &(hq, hkv)) in HEADS.iter().enumerate() {
+            let shape = AttentionShape {
+                num_q_heads: hq,
+                num_kv_heads: hkv,
+                head_dim_qk: d,
+                head_dim_v: d,
+            };
+            let case = Case::new(shape, &CONTEXTS, (d * 31 + hi) as u64);
+            let opts = AttentionOptions::default();
+            for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+                // The reference sees exactly the values stored in the cache.
+                let (k, v) = (round_to(dtype, &case.k), round_to(dtype, &case.v));
+                let batch = RaggedBatch {
+                    k: &k,
+                    v: &v,
+                    ..case.batch()
+                };
+                let want = reference::attention(&batch, &shape, &opts).unwrap();
+                let scale = output_scale(&want.out);
+                for precision in precisions() {
+                    let config = DecodeConfig {
+                        k_dtype: dtype,
+                        v_dtype: dtype,
+                        precision,
+                    };
+                    let got = decode_batch(ctx, &case.batch(), &shape, &opts, &config).unwrap();
+                    let err = max_abs_err(&got.out, &want.out);
+                    let lse_err = max_abs_err(&got.lse, &want.lse);
+                    let name = format!("hd{d} hq{hq} hkv{hkv} {dtype} {}", precision.name());
+                    let bound = match precision {
+                        Precision::F32 => 1e-4 * scale,
+                        Precision::F16 => {
+                            let emulated = decode_f16_emulated(&case, &k, &v, &opts);
+                            2.0 * max_abs_err(&emulated, &want.out) + 1e-5 * scale
+                        }
+                    };
+                    assert!(err <= bound, "{name}: out error {err:e} > {bound:e}");
+                    let lse_bound = if precision == Precision::F32 {
+                        1e-4
+                    } else {
+                        2e-2
+                    };
+                    assert!(lse_err <= lse_bound, "{name}: lse error {lse_err:e}");
+                    worst.push((format!("{dtype}/{}", precision.name()), err / scale));
+                    cases += 1;
+                }
+            }
+        }
+    }
+    let mut summary: Vec<(String, f64)> = Vec::new();
+    for (k, e) in worst {
+        match summary.iter_mut().find(|(n, _)| *n == k) {
+            Some((_, w)) => *w = w.max(e),
+            None => summary.push((k, e)),
+        }
+    }
+    eprintln!("decode grid: {cases} cases; worst error / output scale: {summary:?}");
+}
+
+#[test]
+fn decode_options_match_reference() {
+    let ctx = gpu();
+    let shape = AttentionShape {
+        num_q_heads: 8,
+        num_kv_heads: 2,
+        head_dim_qk: 64,
+        head_dim_v: 96,
+    };
+    let case = Case::new(shape, &[1, 5, 97, 300], 7);
+    let mut rng = Rng::new(99);
+    let option_sets = vec![
+        (
+            "window 1",
+            AttentionOptions {
+                sliding_window: Some(1),
+                ..Default::default()
+            },
+        ),
+        (
+            "window 50",
+            AttentionOptions {
+                sliding_window: Some(50),
+                ..Default::default()
+            },
+        ),
+        (
+            "softcap",
+            AttentionOptions {
+                softcap: Some(2.0),
+                scale: Some(0.5),
+                ..Default::default()
+            },
+        ),
+        (
+            "alibi",
+            AttentionOptions {
+                alibi_slopes: Some((0..8).map(|h| 0.5f32.powi(h + 1)).collect()),
+                ..Default::default()
+            },
+        ),
+        (
+            "sinks",
+            AttentionOptions {
+                sinks: Some(rng.normals(8, 2.0)),
+                ..Default::default()
+            },
+        ),
+        (
+            "non-causal",
+            AttentionOptions {
+                causal: false,
+                ..Default::default()
+            },
+        ),
+        (
+            "everything",
+            AttentionOptions {
+                sliding_window: Some(64),
+                softcap: Some(5.0),
+                alibi_slopes: Some(rng.normals(8, 0.1).iter().map(|x| x.abs()).collect()),
+                sinks: Some(rng.normals(8, 1.0)),
+                ..Default::default()
+            },
+        ),
+    ];
+    for (name, opts) in option_sets {
+        let want = reference::attention(&case.batch(), &shape, &opts).unwrap();
+        for precision in precisions() {
+            let config = DecodeConfig {
+                precision,
+                ..Default::default()
+            };
+            let got = decode_batch(ctx, &case.batch(), &shape, &opts, &config).unwrap();
+            let err = max_abs_err(&got.out, &want.out);
+            let tol = if precision == Precision::F32 {
+                1e-4
+            } else {
+                1e-2
+            };
+            assert!(
+                err <= tol * output_scale(&want.out),
+                "{name} {}: out error {err:e}",
+                precision.name()
+            );
+            let lse_err = max_abs_err(&got.lse, &want.lse);
+            assert!(
+                lse_err <= tol,
+                "{name} {}: lse error {lse_err:e}",
+                precision.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn decode_is_batch_invariant() {
+    // A sequence's result must not depend on what else is in the batch.
+    let ctx = gpu();
+    let shape = AttentionShape {
+        num_q_heads: 8,
+        num_kv_heads: 2,
+        head_dim_qk: 128,
+        head_dim_v: 128,
+    };
+    let both = Case::new(shape, &[33, 200], 3);
+    let got = decode_batch(
+        ctx,
+        &both.batch(),
+        &shape,
+        &AttentionOptions::default(),
+        &DecodeConfig::default(),
+    )
+    .unwrap();
+    let d = shape.head_dim_qk;
+    let hkv = shape.num_kv_heads;
+    let alone = RaggedBatch {
+        q: &both.q[shape.num_q_heads * d..],
+        k: &both.k[33 * hkv * d..],
+        v: &both.v[33 * hkv * d..],
+        cu_seqlens_q: &[0, 1],
+        cu_seqlens_k: &[0, 200],
+    };
+    let single = decode_batch(
+        ctx,
+        &alone,
+        &shape,
+        &AttentionOptions::default(),
+        &DecodeConfig::default(),
+    )
+    .unwrap();
+    let half = got.out.len() / 2;
+    assert_eq!(
+        &got.out[half..],
+        &single.out[..],
+        "second sequence changed with its batch"
+    );
+}
+
+#[test]
+fn decode_rejects_bad_input_with_typed_errors() {
+    let ctx = gpu();
+    let shape = AttentionShape {
+        num_q_heads: 4,
+        num_kv_heads: 2,
+        head_dim_qk: 64,
+        head_dim_v: 64,
+    };
+    let case = Case::new(shape, &[3, 4], 1);
+    let opts = AttentionOptions::default();
+    let cfg = DecodeConfig::default();
+    // Two queries in one sequence.
+    let cu_q = [0u32, 2, 2];
+    let bad = RaggedBatch {
+        cu_seqlens_q: &cu_q,
+        ..case.batch()
+    };
+    assert!(decode_batch(ctx, &bad, &shape, &opts, &cfg).is_err());
+    // Head dim not a multiple of 4.
+    let odd = AttentionShape {
+        head_dim_qk: 66,
+        head_dim_v: 66,
+        ..shape
+    };
+    let c2 = Case::new(odd, &[3, 4], 1);
+    assert!(matches!(
+        decode_batch(ctx, &c2.batch(), &odd, &opts, &cfg),
+        Err(Error::UnsupportedHeadDim { .. })
+    ));
+    // Quantized formats are not read by this kernel.
+    let int8 = DecodeConfig {
+        k_dtype: KvDtype::Int8,
+        ..cfg
+    };
+    assert!(matches!(
+        decode_batch(ctx, &case.batch(), &shape, &opts, &int8),
+        Err(Error::InvalidArgument(_))
+    ));
+    // Truncated K.
+    let short = RaggedBatch {
+        k: &case.k[1..],
+        ..case.batch()
+    };
+    assert!(matches!(
+        decode_batch(ctx, &short, &shape, &opts, &cfg),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    // The f16 variant on a device without it.
+    if !ctx.caps().shader_f16 {
+        let f16 = DecodeConfig {
+            precision: Precision::F16,
+            ..cfg
+        };
+        assert!(matches!(
+            decode_batch(ctx, &case.batch(), &shape, &opts, &f16),
+            Err(Error::MissingFeature(_))
+        ));
+    }
+}

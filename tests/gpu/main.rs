@@ -1,0 +1,8 @@
+//! GPU tests: every kernel against the CPU reference on the adapter `Context::new()` picks
+//! (lavapipe and llvmpipe in CI). They fail, never skip, when no adapter exists.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod decode;
+mod kv_load;

@@ -1,0 +1,184 @@
+//! Shader validation with no GPU: every variant the crate composes parses, validates with
+//! exactly the capabilities it requests, has its overrides processed for the constants the host
+//! really uses, fits WebGPU's default limits, and translates to SPIR-V, MSL, HLSL and GLSL.
+//! The `#[repr(C)]` mirrors of WGSL structs are checked against naga's layout.
+
+use kvattn::shader::{all_variants, Precision, ShaderVariant};
+use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
+use naga::{AddressSpace, Module, ShaderStage, TypeInner};
+
+fn capabilities(variant: &ShaderVariant) -> Capabilities {
+    let mut caps = Capabilities::empty();
+    if variant
+        .required_features()
+        .contains(wgpu::Features::SHADER_F16)
+    {
+        caps |= Capabilities::SHADER_FLOAT16;
+    }
+    caps
+}
+
+fn parse_and_validate(
+    variant: &ShaderVariant,
+    caps: Capabilities,
+) -> Result<(Module, ModuleInfo), String> {
+    let source = variant.source();
+    let module = naga::front::wgsl::parse_str(&source)
+        .map_err(|e| e.emit_to_string_with_path(&source, &variant.name()))?;
+    let info = Validator::new(ValidationFlags::all(), caps)
+        .validate(&module)
+        .map_err(|e| e.emit_to_string_with_path(&source, &variant.name()))?;
+    Ok((module, info))
+}
+
+/// Bytes of workgroup memory, storage buffers bound, invocations per workgroup.
+fn resources(module: &Module) -> (u32, usize, u32) {
+    let mut layouter = naga::proc::Layouter::default();
+    layouter.update(module.to_ctx()).expect("layout");
+    let mut workgroup_bytes = 0;
+    let mut storage = 0;
+    for (_, var) in module.global_variables.iter() {
+        match var.space {
+            AddressSpace::WorkGroup => workgroup_bytes += layouter[var.ty].size,
+            AddressSpace::Storage { .. } => storage += 1,
+            _ => {}
+        }
+    }
+    let ep = &module.entry_points[0];
+    let invocations = ep.workgroup_size.iter().product();
+    (workgroup_bytes, storage, invocations)
+}
+
+fn translate(variant: &ShaderVariant, module: &Module, info: &ModuleInfo) {
+    let name = variant.name();
+    naga::back::spv::write_vec(module, info, &naga::back::spv::Options::default(), None)
+        .unwrap_or_else(|e| panic!("{name}: SPIR-V: {e}"));
+    let msl_pipeline = naga::back::msl::PipelineOptions {
+        entry_point: Some((ShaderStage::Compute, "main".into())),
+        ..Default::default()
+    };
+    let msl_options = naga::back::msl::Options {
+        lang_version: (2, 1),
+        ..Default::default()
+    };
+    naga::back::msl::write_string(module, info, &msl_options, &msl_pipeline)
+        .unwrap_or_else(|e| panic!("{name}: MSL: {e}"));
+    let hlsl_options = naga::back::hlsl::Options {
+        shader_model: naga::back::hlsl::ShaderModel::V6_2,
+        ..Default::default()
+    };
+    let hlsl_pipeline = naga::back::hlsl::PipelineOptions {
+        entry_point: Some((ShaderStage::Compute, "main".into())),
+    };
+    let mut hlsl = String::new();
+    naga::back::hlsl::Writer::new(&mut hlsl, &hlsl_options, &hlsl_pipeline)
+        .write(module, info, None)
+        .unwrap_or_else(|e| panic!("{name}: HLSL: {e}"));
+    // GLSL has no f16 type: the f16 variants never run on the GL backend (it lacks SHADER_F16).
+    if variant.precision == Precision::F32 {
+        let glsl_pipeline = naga::back::glsl::PipelineOptions {
+            shader_stage: ShaderStage::Compute,
+            entry_point: "main".into(),
+            multiview: None,
+        };
+        let mut glsl = String::new();
+        naga::back::glsl::Writer::new(
+            &mut glsl,
+            module,
+            info,
+            &naga::back::glsl::Options::default(),
+            &glsl_pipeline,
+            naga::proc::BoundsCheckPolicies::default(),
+        )
+        .and_then(|mut w| w.write())
+        .unwrap_or_else(|e| panic!("{name}: GLSL: {e}"));
+    }
+}
+
+#[test]
+fn every_variant_validates_specializes_fits_and_translates() {
+    let limits = wgpu::Limits::default();
+    let variants = all_variants();
+    assert!(variants.len() >= 3, "expected decode f32/f16 and dequant");
+    let mut checked = 0;
+    for variant in &variants {
+        let (module, info) =
+            parse_and_validate(variant, capabilities(variant)).unwrap_or_else(|e| panic!("{e}"));
+        let sets = variant.kernel.representative_constants(variant.precision);
+        assert!(
+            !sets.is_empty(),
+            "{}: no representative constants",
+            variant.name()
+        );
+        for constants in sets {
+            let mut map = naga::back::PipelineConstants::default();
+            map.extend(constants.iter().map(|&(k, v)| (k.to_string(), v)));
+            let (module, info) = naga::back::pipeline_constants::process_overrides(
+                &module,
+                &info,
+                Some((ShaderStage::Compute, "main")),
+                &map,
+            )
+            .unwrap_or_else(|e| panic!("{} {constants:?}: overrides: {e}", variant.name()));
+            let (wg_bytes, storage, invocations) = resources(&module);
+            let what = format!("{} {constants:?}", variant.name());
+            assert!(
+                wg_bytes <= limits.max_compute_workgroup_storage_size,
+                "{what}: {wg_bytes} bytes of workgroup memory"
+            );
+            assert!(
+                storage <= limits.max_storage_buffers_per_shader_stage as usize,
+                "{what}: {storage} storage buffers"
+            );
+            assert!(
+                invocations <= limits.max_compute_invocations_per_workgroup,
+                "{what}: {invocations} invocations"
+            );
+            translate(variant, &module, &info);
+            checked += 1;
+        }
+    }
+    println!("{checked} specialized variants checked");
+}
+
+#[test]
+fn f16_variants_need_their_capability() {
+    for variant in all_variants() {
+        if variant.precision == Precision::F16 {
+            assert!(
+                parse_and_validate(&variant, Capabilities::empty()).is_err(),
+                "{} validated without SHADER_FLOAT16",
+                variant.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn param_structs_match_naga_layout() {
+    let mut checked = 0;
+    for variant in all_variants() {
+        let (module, _) = parse_and_validate(&variant, capabilities(&variant)).unwrap();
+        for (name, offsets, size) in variant.kernel.param_structs() {
+            let ty = module
+                .types
+                .iter()
+                .find(|(_, t)| t.name.as_deref() == Some(name))
+                .unwrap_or_else(|| panic!("{}: no WGSL struct {name}", variant.name()));
+            let TypeInner::Struct { members, span } = &ty.1.inner else {
+                panic!("{name} is not a struct");
+            };
+            let wgsl: Vec<(&str, usize)> = members
+                .iter()
+                .map(|m| (m.name.as_deref().unwrap_or(""), m.offset as usize))
+                .collect();
+            assert_eq!(
+                wgsl, offsets,
+                "{name}: field names/offsets differ from WGSL"
+            );
+            assert_eq!(*span as usize, size, "{name}: size differs from WGSL");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3);
+}
