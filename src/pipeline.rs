@@ -47,7 +47,7 @@ impl Context {
             .pipelines
             .modules
             .lock()
-            .expect("module cache poisoned");
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(m) = modules.get(&variant) {
             return Ok(m.clone());
         }
@@ -55,23 +55,26 @@ impl Context {
         if missing.contains(wgpu::Features::SHADER_F16) {
             return Err(Error::MissingFeature("shader-f16"));
         }
-        let name = variant.name();
-        let source = variant.source();
-        let module = self
-            .scoped(&name, || {
-                self.device
-                    .create_shader_module(wgpu::ShaderModuleDescriptor {
-                        label: Some(&name),
-                        source: wgpu::ShaderSource::Wgsl(source.into()),
-                    })
-            })
-            .map_err(|e| Error::Shader {
-                name: name.clone(),
-                message: e.to_string(),
-            })?;
+        let module = self.compile_wgsl(&variant.name(), &variant.source())?;
         let module = Arc::new(module);
         modules.insert(variant, module.clone());
         Ok(module)
+    }
+
+    /// Compiles WGSL `source` under a validation error scope: invalid WGSL returns
+    /// [`Error::Shader`] naming `name`, never a panic.
+    pub fn compile_wgsl(&self, name: &str, source: &str) -> Result<wgpu::ShaderModule> {
+        self.scoped(name, || {
+            self.device
+                .create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(name),
+                    source: wgpu::ShaderSource::Wgsl(source.into()),
+                })
+        })
+        .map_err(|e| Error::Shader {
+            name: name.to_string(),
+            message: e.to_string(),
+        })
     }
 
     /// The pipeline for `key`, built (and validated) on first use. A shader or pipeline that
@@ -81,7 +84,7 @@ impl Context {
             .pipelines
             .pipelines
             .lock()
-            .expect("pipeline cache poisoned")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(key)
         {
             return Ok(p.clone());
@@ -112,7 +115,7 @@ impl Context {
         self.pipelines
             .pipelines
             .lock()
-            .expect("pipeline cache poisoned")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(key.clone(), pipeline.clone());
         Ok(pipeline)
     }

@@ -7,7 +7,8 @@ use crate::{Error, Result};
 /// `WGPU_ADAPTER_NAME`, `WGPU_POWER_PREF`); fields set here take precedence over them.
 #[derive(Debug, Clone, Default)]
 pub struct ContextOptions {
-    /// Backends to consider; `None` means `WGPU_BACKEND`, or every backend when that is unset.
+    /// Backends to consider; `None` means `WGPU_BACKEND`, or Vulkan, Metal, DX12 and GL when
+    /// that is unset.
     pub backends: Option<wgpu::Backends>,
     /// Case-insensitive substring of the adapter name; `None` means `WGPU_ADAPTER_NAME`.
     pub adapter_name: Option<String>,
@@ -150,7 +151,7 @@ impl Context {
         let backends = opts
             .backends
             .or_else(wgpu::Backends::from_env)
-            .unwrap_or(wgpu::Backends::all());
+            .unwrap_or(wgpu::Backends::PRIMARY | wgpu::Backends::GL);
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle().with_env();
         desc.backends = backends;
         let instance = wgpu::Instance::new(desc);
@@ -193,7 +194,7 @@ impl Context {
             })
             .ok_or_else(|| Error::NoAdapter {
                 detail: format!(
-                    "backends {backends:?}, name filter {:?}; adapters with compute present: [{}]",
+                    "backends {backends:?}, name filter {:?}; adapters present: [{}]",
                     name.as_deref().unwrap_or("none"),
                     found.join(", ")
                 ),

@@ -4,5 +4,6 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod context;
 mod decode;
 mod kv_load;

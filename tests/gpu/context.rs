@@ -1,0 +1,159 @@
+//! The context: adapter choice, features, limits, typed errors instead of panics, the
+//! pipeline cache, buffers.
+
+use std::sync::Arc;
+
+use kvattn::gpu::{Context, ContextOptions};
+use kvattn::pipeline::PipelineKey;
+use kvattn::shader::{Kernel, Precision, ShaderVariant};
+use kvattn::Error;
+
+use crate::common::gpu;
+
+#[test]
+fn capabilities_reflect_the_device() {
+    let ctx = gpu();
+    let caps = ctx.caps();
+    let features = ctx.device.features();
+    assert_eq!(
+        caps.shader_f16,
+        features.contains(wgpu::Features::SHADER_F16)
+    );
+    assert_eq!(caps.subgroups, features.contains(wgpu::Features::SUBGROUP));
+    assert_eq!(
+        caps.timestamps,
+        features.contains(wgpu::Features::TIMESTAMP_QUERY)
+    );
+    let limits = ctx.device.limits();
+    assert_eq!(
+        caps.max_storage_buffer_binding_size,
+        limits.max_storage_buffer_binding_size
+    );
+    assert!(caps.max_storage_buffer_binding_size >= 128 << 20);
+    if caps.subgroups {
+        assert!(caps.subgroup_min_size >= 1 && caps.subgroup_min_size <= caps.subgroup_max_size);
+    }
+    assert!(!ctx.adapter().name.is_empty());
+}
+
+#[test]
+fn unknown_adapter_name_is_a_typed_error_with_a_hint() {
+    let opts = ContextOptions {
+        adapter_name: Some("no adapter is called this".into()),
+        ..Default::default()
+    };
+    let err = Context::with_options(&opts).unwrap_err();
+    assert!(matches!(err, Error::NoAdapter { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("mesa-vulkan-drivers") && text.contains("WGPU_BACKEND=gl"),
+        "{text}"
+    );
+}
+
+#[test]
+fn disabled_features_are_not_requested() {
+    let opts = ContextOptions {
+        disable_f16: true,
+        disable_subgroups: true,
+        ..Default::default()
+    };
+    let ctx = Context::with_options(&opts).unwrap();
+    assert!(!ctx.caps().shader_f16 && !ctx.caps().subgroups);
+    assert!(!ctx.device.features().contains(wgpu::Features::SHADER_F16));
+    let key = PipelineKey::new(
+        ShaderVariant {
+            kernel: Kernel::Decode,
+            precision: Precision::F16,
+        },
+        &[],
+    );
+    assert!(matches!(
+        ctx.pipeline(&key),
+        Err(Error::MissingFeature("shader-f16"))
+    ));
+}
+
+#[test]
+fn invalid_wgsl_is_a_shader_error_not_a_panic() {
+    let ctx = gpu();
+    let err = ctx
+        .compile_wgsl(
+            "broken",
+            "@compute @workgroup_size(1) fn main() { let x: u32 = 1.5; }",
+        )
+        .unwrap_err();
+    match err {
+        Error::Shader { name, message } => {
+            assert_eq!(name, "broken");
+            assert!(!message.is_empty());
+        }
+        other => panic!("expected Error::Shader, got {other}"),
+    }
+    // An override the shader does not declare fails pipeline creation with a typed error too.
+    let key = PipelineKey::new(
+        ShaderVariant {
+            kernel: Kernel::Dequant,
+            precision: Precision::F32,
+        },
+        &[("NO_SUCH_OVERRIDE", 1.0)],
+    );
+    assert!(matches!(ctx.pipeline(&key), Err(Error::Shader { .. })));
+}
+
+#[test]
+fn pipelines_are_cached_by_variant_and_constants() {
+    let ctx = gpu();
+    let variant = ShaderVariant {
+        kernel: Kernel::Dequant,
+        precision: Precision::F32,
+    };
+    let a = ctx
+        .pipeline(&PipelineKey::new(variant, &[("K_DIM", 64.0)]))
+        .unwrap();
+    let b = ctx
+        .pipeline(&PipelineKey::new(variant, &[("K_DIM", 64.0)]))
+        .unwrap();
+    let c = ctx
+        .pipeline(&PipelineKey::new(variant, &[("K_DIM", 128.0)]))
+        .unwrap();
+    assert!(Arc::ptr_eq(&a, &b));
+    assert!(!Arc::ptr_eq(&a, &c));
+}
+
+#[test]
+fn buffers_round_trip_and_respect_the_binding_cap() {
+    let ctx = gpu();
+    let data: Vec<u32> = (0..1001).map(|i| i * 7 + 3).collect();
+    let buf = ctx.upload("data", &data).unwrap();
+    assert_eq!(ctx.read_back::<u32>(&buf, data.len()).unwrap(), data);
+    // Tiny uploads are padded to a bindable size but read back exactly.
+    let one = ctx.upload("one", &[42u32]).unwrap();
+    assert_eq!(ctx.read_back::<u32>(&one, 1).unwrap(), vec![42]);
+    assert!(matches!(
+        ctx.read_back::<u32>(&one, 100),
+        Err(Error::InvalidArgument(_))
+    ));
+    let nan = ctx.filled("nan", 10, f32::NAN).unwrap();
+    assert!(ctx
+        .read_back::<f32>(&nan, 10)
+        .unwrap()
+        .iter()
+        .all(|x| x.is_nan()));
+
+    let capped = Context::with_options(&ContextOptions {
+        max_storage_binding_cap: Some(1024),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(capped.caps().max_storage_buffer_binding_size, 1024);
+    assert!(capped.upload("fits", &[0u32; 256]).is_ok());
+    assert!(matches!(
+        capped.upload("too big", &[0u32; 257]),
+        Err(Error::TooLarge {
+            bytes: 1028,
+            limit: 1024,
+            ..
+        })
+    ));
+}
