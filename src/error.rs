@@ -63,6 +63,23 @@ pub enum Error {
         /// The limit.
         limit: u64,
     },
+    /// The cache has too few free blocks for the request; nothing was changed.
+    #[error("out of KV blocks: {needed} needed, {available} available")]
+    OutOfBlocks {
+        /// Blocks the request needed.
+        needed: usize,
+        /// Blocks that were available to it.
+        available: usize,
+    },
+    /// No sequence with this id is in the cache.
+    #[error("unknown sequence {0}")]
+    UnknownSequence(u64),
+    /// A sequence with this id already exists.
+    #[error("sequence {0} already exists")]
+    SequenceExists(u64),
+    /// A snapshot file could not be read, or does not match the cache it is imported into.
+    #[error("snapshot: {0}")]
+    Snapshot(String),
 }
 
 /// `Result` with the crate's [`Error`].
