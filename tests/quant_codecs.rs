@@ -619,8 +619,12 @@ fn bad_input_gets_typed_errors() {
     assert_eq!(per_tensor.scale_pool_words(), vec![0.5f32.to_bits()]);
 }
 
-// ---- WGSL: kv_load.wgsl parses and validates with naga, composed with a stub kernel ----
+// ---- WGSL: kv_format.wgsl + kv_load.wgsl parse and validates with naga, composed with a stub kernel ----
 
+const KV_FORMAT: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/shaders/lib/kv_format.wgsl"
+));
 const KV_LOAD: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/shaders/lib/kv_load.wgsl"
@@ -679,14 +683,14 @@ fn validate(src: &str) -> (naga::Module, naga::valid::ModuleInfo) {
 
 #[test]
 fn kv_load_wgsl_is_valid_core_wgsl() {
-    assert!(
-        !KV_LOAD
-            .lines()
-            .any(|l| l.trim_start().starts_with("enable")),
-        "kv_load.wgsl must stay core WGSL"
-    );
+    for lib in [KV_FORMAT, KV_LOAD] {
+        assert!(
+            !lib.lines().any(|l| l.trim_start().starts_with("enable")),
+            "kv_format.wgsl and kv_load.wgsl must stay core WGSL"
+        );
+    }
     // The library calls kv_word / kv_scale_word, so it validates only with a kernel around it.
-    let src = format!("{KV_LOAD}\n{STUB_KERNEL}");
+    let src = format!("{KV_FORMAT}\n{KV_LOAD}\n{STUB_KERNEL}");
     let (module, info) = validate(&src);
     // Codes match KvDtype::code.
     for (name, dtype) in [
@@ -702,7 +706,7 @@ fn kv_load_wgsl_is_valid_core_wgsl() {
     .zip(KvDtype::ALL)
     {
         let needle = format!("const {name}: u32 = {}u;", dtype.code());
-        assert!(KV_LOAD.contains(&needle), "missing `{needle}`");
+        assert!(KV_FORMAT.contains(&needle), "missing `{needle}`");
     }
     // Every override combination the host can ask for processes and translates to SPIR-V.
     let overrides: Vec<&str> = module
