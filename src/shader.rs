@@ -11,8 +11,12 @@ use crate::gpu::WgslStruct;
 const PRELUDE_F32: &str = include_str!("../shaders/lib/precision_f32.wgsl");
 /// Precision prelude of the f16 variants (needs `SHADER_F16`).
 const PRELUDE_F16: &str = include_str!("../shaders/lib/precision_f16.wgsl");
-/// KV decoding for every storage format.
+/// KV storage formats: dtype codes, row sizes, exact decoders of single values.
+const LIB_KV_FORMAT: &str = include_str!("../shaders/lib/kv_format.wgsl");
+/// Reading K/V rows of any storage format through the kernel's pool accessors.
 const LIB_KV_LOAD: &str = include_str!("../shaders/lib/kv_load.wgsl");
+/// KV encoding for the storage formats (append).
+const LIB_KV_STORE: &str = include_str!("../shaders/lib/kv_store.wgsl");
 /// Shared constants and online-softmax helpers.
 const LIB_SOFTMAX: &str = include_str!("../shaders/lib/softmax.wgsl");
 
@@ -42,6 +46,10 @@ pub enum Kernel {
     Decode,
     /// Dequantize KV rows of any storage format to f32 (`shaders/dequant.wgsl`).
     Dequant,
+    /// Write new K/V rows into their pool slots (`shaders/append_kv.wgsl`).
+    AppendKv,
+    /// Copy whole blocks inside a pool buffer (`shaders/copy_blocks.wgsl`).
+    CopyBlocks,
 }
 
 /// A host struct's layout as the layout test sees it: WGSL name, field offsets, size.
@@ -53,13 +61,20 @@ fn layout_of<T: WgslStruct>() -> StructLayout {
 
 impl Kernel {
     /// Every kernel family.
-    pub const ALL: [Kernel; 2] = [Kernel::Decode, Kernel::Dequant];
+    pub const ALL: [Kernel; 4] = [
+        Kernel::Decode,
+        Kernel::Dequant,
+        Kernel::AppendKv,
+        Kernel::CopyBlocks,
+    ];
 
     /// Name used in labels, errors and pipeline keys.
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Decode => "decode",
             Kernel::Dequant => "dequant",
+            Kernel::AppendKv => "append_kv",
+            Kernel::CopyBlocks => "copy_blocks",
         }
     }
 
@@ -67,13 +82,17 @@ impl Kernel {
         match self {
             Kernel::Decode => include_str!("../shaders/decode.wgsl"),
             Kernel::Dequant => include_str!("../shaders/dequant.wgsl"),
+            Kernel::AppendKv => include_str!("../shaders/append_kv.wgsl"),
+            Kernel::CopyBlocks => include_str!("../shaders/copy_blocks.wgsl"),
         }
     }
 
     fn libs(self) -> &'static [&'static str] {
         match self {
-            Kernel::Decode => &[LIB_KV_LOAD, LIB_SOFTMAX],
-            Kernel::Dequant => &[LIB_KV_LOAD],
+            Kernel::Decode => &[LIB_KV_FORMAT, LIB_KV_LOAD, LIB_SOFTMAX],
+            Kernel::Dequant => &[LIB_KV_FORMAT, LIB_KV_LOAD],
+            Kernel::AppendKv => &[LIB_KV_FORMAT, LIB_KV_STORE],
+            Kernel::CopyBlocks => &[],
         }
     }
 
@@ -81,7 +100,7 @@ impl Kernel {
     pub fn precisions(self) -> &'static [Precision] {
         match self {
             Kernel::Decode => &[Precision::F32, Precision::F16],
-            Kernel::Dequant => &[Precision::F32],
+            Kernel::Dequant | Kernel::AppendKv | Kernel::CopyBlocks => &[Precision::F32],
         }
     }
 
@@ -90,6 +109,8 @@ impl Kernel {
         match self {
             Kernel::Decode => vec![layout_of::<crate::attention::decode::DecodeParams>()],
             Kernel::Dequant => vec![layout_of::<crate::quant::dequant::DequantParams>()],
+            Kernel::AppendKv => vec![layout_of::<crate::cache::append_kv::AppendParams>()],
+            Kernel::CopyBlocks => vec![layout_of::<crate::cache::copy_blocks::CopyParams>()],
         }
     }
 
@@ -99,6 +120,8 @@ impl Kernel {
         match self {
             Kernel::Decode => crate::attention::decode::representative_constants(precision),
             Kernel::Dequant => crate::quant::dequant::representative_constants(),
+            Kernel::AppendKv => crate::cache::append_kv::representative_constants(),
+            Kernel::CopyBlocks => crate::cache::copy_blocks::representative_constants(),
         }
     }
 }

@@ -79,3 +79,16 @@ pub fn max_abs_err(got: &[f32], want: &[f32]) -> f64 {
 pub fn output_scale(x: &[f32]) -> f64 {
     x.iter().map(|v| f64::from(v.abs())).fold(1.0, f64::max)
 }
+
+/// A second context on the same adapter whose storage bindings are capped at 64 KiB, so every
+/// pool splits over several buffers and the split path runs in every test that uses it.
+pub fn gpu_capped() -> &'static Context {
+    static CTX: OnceLock<Context> = OnceLock::new();
+    CTX.get_or_init(|| {
+        Context::with_options(&kvattn::gpu::ContextOptions {
+            max_storage_binding_cap: Some(64 << 10),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"))
+    })
+}

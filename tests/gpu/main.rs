@@ -7,3 +7,4 @@ mod common;
 mod context;
 mod decode;
 mod kv_load;
+mod paged;

@@ -1,0 +1,478 @@
+//! [`PagedKvCache`]: the block allocator and the GPU block pools of every layer, kept in step.
+//!
+//! Appends follow a plan/run split: [`PagedKvCache::append_tokens`] allocates the slots of one
+//! sequence's new tokens (atomically: on error nothing changes) and performs any copy-on-write
+//! on every layer; [`PagedKvCache::write_layer`] then writes a layer's new K/V rows of every
+//! sequence in the batch with one `append_kv` dispatch per pool buffer.
+
+use super::allocator::{AllocatorConfig, BlockAllocator, BlockId, SeqId, SwappedSeq};
+use super::append_kv::{append_kv, SourceDtype};
+use super::copy_blocks::copy_blocks;
+use super::pool::{BlockPool, LayerPools, PoolLayout};
+use super::telemetry::Telemetry;
+use crate::gpu::Context;
+use crate::quant::{decode_rows, EncodedRows, KvDtype, ScaleMode};
+use crate::{Error, Result};
+
+/// What a paged cache holds: model shape, storage formats, block size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PagedKvConfig {
+    /// Transformer layers.
+    pub layers: usize,
+    /// KV heads per layer.
+    pub num_kv_heads: usize,
+    /// Head dim of K.
+    pub head_dim_k: usize,
+    /// Head dim of V.
+    pub head_dim_v: usize,
+    /// Storage format of K.
+    pub k_dtype: KvDtype,
+    /// Storage format of V.
+    pub v_dtype: KvDtype,
+    /// Token slots per block: a power of two from 1 to 256 (default 16).
+    pub block_size: usize,
+    /// Share full blocks of identical prompt prefixes.
+    pub prefix_caching: bool,
+    /// Identifies the model whose KV this is (checked on snapshot import).
+    pub model_id: String,
+}
+
+impl PagedKvConfig {
+    /// A cache of `layers` layers of `num_kv_heads` heads of dim `head_dim` (K and V) in
+    /// `dtype`, block size 16, prefix caching on, no model id.
+    pub fn new(layers: usize, num_kv_heads: usize, head_dim: usize, dtype: KvDtype) -> Self {
+        Self {
+            layers,
+            num_kv_heads,
+            head_dim_k: head_dim,
+            head_dim_v: head_dim,
+            k_dtype: dtype,
+            v_dtype: dtype,
+            block_size: 16,
+            prefix_caching: true,
+            model_id: String::new(),
+        }
+    }
+
+    /// Layout of the K pools.
+    pub fn k_layout(&self) -> PoolLayout {
+        PoolLayout {
+            num_kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim_k,
+            dtype: self.k_dtype,
+            block_size: self.block_size,
+        }
+    }
+
+    /// Layout of the V pools.
+    pub fn v_layout(&self) -> PoolLayout {
+        PoolLayout {
+            head_dim: self.head_dim_v,
+            dtype: self.v_dtype,
+            ..self.k_layout()
+        }
+    }
+
+    /// Checks every field.
+    pub fn validate(&self) -> Result<()> {
+        if self.layers == 0 {
+            return Err(Error::InvalidArgument(
+                "a cache needs at least one layer".into(),
+            ));
+        }
+        self.k_layout().validate()?;
+        self.v_layout().validate()
+    }
+
+    /// GPU bytes of one block across every layer, K and V.
+    pub fn bytes_per_block(&self) -> u64 {
+        self.layers as u64 * (self.k_layout().block_bytes() + self.v_layout().block_bytes())
+    }
+}
+
+/// How big to make the pools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolSize {
+    /// This many blocks (per layer, K and V each).
+    Blocks(usize),
+    /// As many blocks as fit this many bytes over all layers, K and V.
+    Bytes(u64),
+}
+
+/// The new tokens of a batch: their slots in batch order (the order of the rows in the source
+/// buffers given to [`PagedKvCache::write_layer`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AppendBatch {
+    slots: Vec<u32>,
+}
+
+impl AppendBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Global slot of each new row, in batch order.
+    pub fn slots(&self) -> &[u32] {
+        &self.slots
+    }
+
+    /// Rows in the batch.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether the batch has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+}
+
+/// A sequence's KV copied to host memory by [`PagedKvCache::swap_out`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwappedSequence {
+    /// The allocator's record (tokens).
+    pub record: SwappedSeq,
+    /// Per layer, the K and V words of the sequence's blocks in table order.
+    pub layers: Vec<(Vec<u32>, Vec<u32>)>,
+}
+
+/// A paged KV cache on the GPU.
+#[derive(Debug)]
+pub struct PagedKvCache {
+    config: PagedKvConfig,
+    alloc: BlockAllocator,
+    layers: Vec<LayerPools>,
+}
+
+impl PagedKvCache {
+    /// Allocates the pools of every layer.
+    pub fn new(ctx: &Context, config: PagedKvConfig, size: PoolSize) -> Result<Self> {
+        config.validate()?;
+        let num_blocks = match size {
+            PoolSize::Blocks(n) => n,
+            PoolSize::Bytes(bytes) => (bytes / config.bytes_per_block()) as usize,
+        };
+        if num_blocks == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "the pool size gives no block (one block is {} bytes over all layers)",
+                config.bytes_per_block()
+            )));
+        }
+        let alloc = BlockAllocator::new(AllocatorConfig {
+            num_blocks,
+            block_size: config.block_size,
+            prefix_caching: config.prefix_caching,
+        })?;
+        let layers = (0..config.layers)
+            .map(|l| {
+                Ok(LayerPools {
+                    k: BlockPool::new(ctx, config.k_layout(), num_blocks, &format!("k pool {l}"))?,
+                    v: BlockPool::new(ctx, config.v_layout(), num_blocks, &format!("v pool {l}"))?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            config,
+            alloc,
+            layers,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PagedKvConfig {
+        &self.config
+    }
+
+    /// The allocator (block tables, free blocks, reservations).
+    pub fn allocator(&self) -> &BlockAllocator {
+        &self.alloc
+    }
+
+    /// The pools of `layer`.
+    pub fn layer(&self, layer: usize) -> Result<&LayerPools> {
+        self.layers.get(layer).ok_or_else(|| {
+            Error::InvalidArgument(format!("layer {layer} of {}", self.layers.len()))
+        })
+    }
+
+    /// GPU bytes of all pools.
+    pub fn pool_bytes(&self) -> u64 {
+        self.layers.iter().map(|l| l.k.bytes() + l.v.bytes()).sum()
+    }
+
+    /// Counters and occupancy.
+    pub fn telemetry(&self) -> Telemetry {
+        self.alloc.telemetry()
+    }
+
+    /// Whether a new sequence of `tokens` tokens fits now.
+    pub fn can_admit(&self, tokens: usize) -> bool {
+        self.alloc.can_admit(tokens)
+    }
+
+    /// Sets aside blocks for `tokens` future tokens of `seq`.
+    pub fn reserve(&mut self, seq: SeqId, tokens: usize) -> Result<()> {
+        self.alloc.reserve(seq, tokens)
+    }
+
+    /// Starts a sequence; returns how many leading tokens of `prompt` the prefix cache already
+    /// holds (append the rest).
+    pub fn add_sequence(&mut self, seq: SeqId, prompt: &[u32]) -> Result<usize> {
+        self.alloc.add_sequence(seq, prompt)
+    }
+
+    /// A new sequence `child` sharing every block of `parent` (copy-on-write). Write the rows
+    /// of any pending [`AppendBatch`] holding `parent`'s tokens (every layer) first: the fork
+    /// shares the blocks as they are on the GPU, and a later copy-on-write copies what is there.
+    /// The same holds for [`free`](Self::free) and [`swap_out`](Self::swap_out).
+    pub fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<()> {
+        self.alloc.fork(parent, child)
+    }
+
+    /// Ends a sequence; its blocks are free at once.
+    pub fn free(&mut self, seq: SeqId) -> Result<()> {
+        self.alloc.free(seq)
+    }
+
+    /// The block table of `seq`.
+    pub fn block_table(&self, seq: SeqId) -> Result<&[BlockId]> {
+        self.alloc.blocks(seq)
+    }
+
+    /// Allocates slots for `tokens` new tokens of `seq` and adds them to `batch`; copy-on-write
+    /// copies run on every layer now. On error (e.g. [`Error::OutOfBlocks`]) nothing changes.
+    pub fn append_tokens(
+        &mut self,
+        ctx: &Context,
+        batch: &mut AppendBatch,
+        seq: SeqId,
+        tokens: &[u32],
+    ) -> Result<()> {
+        let plan = self.alloc.append(seq, tokens)?;
+        if !plan.copies.is_empty() {
+            for layer in &self.layers {
+                copy_blocks(ctx, &layer.k, &plan.copies)?;
+                copy_blocks(ctx, &layer.v, &plan.copies)?;
+            }
+        }
+        batch.slots.extend_from_slice(&plan.slots);
+        Ok(())
+    }
+
+    /// Writes one layer's new rows for `batch`: `k` is `[batch.len(), Hkv, head_dim_k]` and `v`
+    /// `[batch.len(), Hkv, head_dim_v]`, both in `src`.
+    pub fn write_layer(
+        &self,
+        ctx: &Context,
+        layer: usize,
+        batch: &AppendBatch,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        src: SourceDtype,
+    ) -> Result<()> {
+        let pools = self.layer(layer)?;
+        append_kv(ctx, &pools.k, k, src, &batch.slots)?;
+        append_kv(ctx, &pools.v, v, src, &batch.slots)
+    }
+
+    /// Appends `tokens` to `seq` with their K/V given on the host, per layer (`k[layer]` is
+    /// `[tokens.len(), Hkv, head_dim_k]` f32). Checks the shapes before allocating anything.
+    pub fn append_host(
+        &mut self,
+        ctx: &Context,
+        seq: SeqId,
+        tokens: &[u32],
+        k: &[Vec<f32>],
+        v: &[Vec<f32>],
+    ) -> Result<()> {
+        let c = &self.config;
+        for (what, data, dim) in [("k", k, c.head_dim_k), ("v", v, c.head_dim_v)] {
+            if data.len() != c.layers {
+                return Err(Error::ShapeMismatch {
+                    what: "layers of new K/V rows",
+                    expected: c.layers,
+                    got: data.len(),
+                });
+            }
+            let want = tokens.len() * c.num_kv_heads * dim;
+            if let Some(bad) = data.iter().find(|d| d.len() != want) {
+                return Err(Error::ShapeMismatch {
+                    what: if what == "k" {
+                        "new K rows"
+                    } else {
+                        "new V rows"
+                    },
+                    expected: want,
+                    got: bad.len(),
+                });
+            }
+        }
+        let mut batch = AppendBatch::new();
+        self.append_tokens(ctx, &mut batch, seq, tokens)?;
+        for layer in 0..self.layers.len() {
+            let kb = ctx.upload("new k", &k[layer])?;
+            let vb = ctx.upload("new v", &v[layer])?;
+            self.write_layer(ctx, layer, &batch, &kb, &vb, SourceDtype::F32)?;
+        }
+        Ok(())
+    }
+
+    /// The stored words of `seq`'s rows in `layer`, in token order: K `[len, Hkv, k words per
+    /// row]` and V likewise, gathered through the block table.
+    pub fn read_words(
+        &self,
+        ctx: &Context,
+        seq: SeqId,
+        layer: usize,
+    ) -> Result<(Vec<u32>, Vec<u32>)> {
+        let blocks = self.alloc.blocks(seq)?.to_vec();
+        let len = self.alloc.len(seq)?;
+        let pools = self.layer(layer)?;
+        let gather = |pool: &BlockPool| -> Result<Vec<u32>> {
+            let words = pool.read_blocks(ctx, &blocks)?;
+            Ok(blocks_to_rows(pool.layout(), &words, len))
+        };
+        Ok((gather(&pools.k)?, gather(&pools.v)?))
+    }
+
+    /// `seq`'s K and V of `layer` in token order, decoded to f32.
+    pub fn read_f32(
+        &self,
+        ctx: &Context,
+        seq: SeqId,
+        layer: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (k, v) = self.read_words(ctx, seq, layer)?;
+        let decode = |dtype: KvDtype, head_dim: usize, words: Vec<u32>| {
+            decode_rows(&EncodedRows {
+                dtype,
+                head_dim,
+                scale_mode: ScaleMode::PerRow,
+                words,
+                scales: Vec::new(),
+            })
+        };
+        let c = &self.config;
+        Ok((
+            decode(c.k_dtype, c.head_dim_k, k)?,
+            decode(c.v_dtype, c.head_dim_v, v)?,
+        ))
+    }
+
+    /// Copies `seq`'s blocks to host memory and releases them.
+    pub fn swap_out(&mut self, ctx: &Context, seq: SeqId) -> Result<SwappedSequence> {
+        let blocks = self.alloc.blocks(seq)?.to_vec();
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok((
+                    l.k.read_blocks(ctx, &blocks)?,
+                    l.v.read_blocks(ctx, &blocks)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let record = self.alloc.swap_out(seq)?;
+        Ok(SwappedSequence { record, layers })
+    }
+
+    /// Brings a swapped-out sequence back (into possibly different blocks), bit for bit.
+    pub fn swap_in(&mut self, ctx: &Context, seq: SeqId, swapped: &SwappedSequence) -> Result<()> {
+        if swapped.layers.len() != self.layers.len() {
+            return Err(Error::ShapeMismatch {
+                what: "layers of a swapped sequence",
+                expected: self.layers.len(),
+                got: swapped.layers.len(),
+            });
+        }
+        let n = self.alloc.blocks_for(swapped.record.tokens.len());
+        for (k, v) in &swapped.layers {
+            let (kw, vw) = (
+                self.config.k_layout().block_words(),
+                self.config.v_layout().block_words(),
+            );
+            if k.len() != n * kw || v.len() != n * vw {
+                return Err(Error::InvalidArgument(
+                    "swapped data does not match this cache's block layout".into(),
+                ));
+            }
+        }
+        let blocks = self.alloc.swap_in(seq, &swapped.record)?;
+        for (pools, (k, v)) in self.layers.iter().zip(&swapped.layers) {
+            pools.k.write_blocks(ctx, &blocks, k)?;
+            pools.v.write_blocks(ctx, &blocks, v)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `rows` (`[len, Hkv, words per row]` per layer, K and V, token order) into the
+    /// blocks of a new sequence `seq` holding `tokens`. Used by snapshot import.
+    pub(crate) fn insert_rows(
+        &mut self,
+        ctx: &Context,
+        seq: SeqId,
+        tokens: &[u32],
+        rows: &[(Vec<u32>, Vec<u32>)],
+    ) -> Result<()> {
+        self.alloc.add_sequence(seq, &[])?;
+        let plan = match self.alloc.append(seq, tokens) {
+            Ok(plan) => plan,
+            Err(e) => {
+                self.alloc.free(seq)?;
+                return Err(e);
+            }
+        };
+        let blocks = self.alloc.blocks(seq)?.to_vec();
+        debug_assert!(plan.copies.is_empty());
+        for (pools, (k, v)) in self.layers.iter().zip(rows) {
+            pools.k.write_blocks(
+                ctx,
+                &blocks,
+                &rows_to_blocks(pools.k.layout(), k, tokens.len()),
+            )?;
+            pools.v.write_blocks(
+                ctx,
+                &blocks,
+                &rows_to_blocks(pools.v.layout(), v, tokens.len()),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Token-order rows `[len, Hkv, wpr]` from block-order words (the sequence's blocks in table
+/// order, each `[Hkv][block_size][wpr]`).
+fn blocks_to_rows(layout: &PoolLayout, words: &[u32], len: usize) -> Vec<u32> {
+    let (bs, wpr, bw) = (
+        layout.block_size,
+        layout.words_per_row(),
+        layout.block_words(),
+    );
+    let mut rows = Vec::with_capacity(len * layout.num_kv_heads * wpr);
+    for t in 0..len {
+        for h in 0..layout.num_kv_heads {
+            let at = (t / bs) * bw + layout.row_in_block(h, t % bs);
+            rows.extend_from_slice(&words[at..at + wpr]);
+        }
+    }
+    rows
+}
+
+/// The inverse of [`blocks_to_rows`]: `ceil(len / block_size)` blocks, unused slots zero.
+fn rows_to_blocks(layout: &PoolLayout, rows: &[u32], len: usize) -> Vec<u32> {
+    let (bs, wpr, bw) = (
+        layout.block_size,
+        layout.words_per_row(),
+        layout.block_words(),
+    );
+    let mut words = vec![0u32; len.div_ceil(bs) * bw];
+    for t in 0..len {
+        for h in 0..layout.num_kv_heads {
+            let at = (t / bs) * bw + layout.row_in_block(h, t % bs);
+            let src = (t * layout.num_kv_heads + h) * wpr;
+            words[at..at + wpr].copy_from_slice(&rows[src..src + wpr]);
+        }
+    }
+    words
+}

@@ -1,0 +1,227 @@
+//! GPU block pools: one tensor (K or V of one layer) stored as blocks of
+//! `[num_kv_heads][block_size][words_per_row]` u32 words (head-major inside a block, so a decode
+//! workgroup reads one head's rows contiguously). A pool larger than the adapter's storage
+//! binding limit is split over several buffers; block ids map to (buffer, offset).
+
+use super::allocator::BlockId;
+use crate::gpu::{Context, STORAGE};
+use crate::quant::KvDtype;
+use crate::{Error, Result};
+
+/// Shape and storage format of one tensor's pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolLayout {
+    /// KV heads.
+    pub num_kv_heads: usize,
+    /// Values per token row.
+    pub head_dim: usize,
+    /// Storage format.
+    pub dtype: KvDtype,
+    /// Token slots per block: a power of two from 1 to 256.
+    pub block_size: usize,
+}
+
+impl PoolLayout {
+    /// Checks heads, head dim (for the format) and block size.
+    pub fn validate(&self) -> Result<()> {
+        if self.num_kv_heads == 0 {
+            return Err(Error::InvalidArgument(
+                "a pool needs at least one KV head".into(),
+            ));
+        }
+        if !self.block_size.is_power_of_two() || self.block_size > 256 {
+            return Err(Error::InvalidArgument(format!(
+                "block size {} is not a power of two from 1 to 256",
+                self.block_size
+            )));
+        }
+        if self.dtype.is_quantized() {
+            return Err(Error::InvalidArgument(format!(
+                "{} pools need scale pools, which come with quantized attention; use f32, f16 or bf16",
+                self.dtype
+            )));
+        }
+        self.dtype.check_head_dim(self.head_dim)
+    }
+
+    /// u32 words of one token row.
+    pub fn words_per_row(&self) -> usize {
+        self.dtype.words_per_row(self.head_dim)
+    }
+
+    /// u32 words of one block.
+    pub fn block_words(&self) -> usize {
+        self.num_kv_heads * self.block_size * self.words_per_row()
+    }
+
+    /// Bytes of one block.
+    pub fn block_bytes(&self) -> u64 {
+        self.block_words() as u64 * 4
+    }
+
+    /// Word index, inside its block, of the row of `head` at slot `offset`.
+    pub fn row_in_block(&self, head: usize, offset: usize) -> usize {
+        (head * self.block_size + offset) * self.words_per_row()
+    }
+}
+
+/// The blocks of one tensor on the GPU.
+#[derive(Debug)]
+pub struct BlockPool {
+    layout: PoolLayout,
+    num_blocks: usize,
+    blocks_per_buffer: usize,
+    buffers: Vec<wgpu::Buffer>,
+}
+
+impl BlockPool {
+    /// Allocates `num_blocks` blocks of `layout`, in as few buffers as the storage binding limit
+    /// ([`Capabilities::max_storage_buffer_binding_size`](crate::gpu::Capabilities)) allows.
+    pub fn new(ctx: &Context, layout: PoolLayout, num_blocks: usize, label: &str) -> Result<Self> {
+        layout.validate()?;
+        if num_blocks == 0 || num_blocks >= 1 << 31 {
+            return Err(Error::InvalidArgument(format!(
+                "a pool needs 1 to 2^31 - 1 blocks, not {num_blocks}"
+            )));
+        }
+        let caps = ctx.caps();
+        let per_binding = caps
+            .max_storage_buffer_binding_size
+            .min(caps.max_buffer_size);
+        let blocks_per_buffer = (per_binding / layout.block_bytes()) as usize;
+        if blocks_per_buffer == 0 {
+            return Err(Error::TooLarge {
+                what: format!("one block of {label}"),
+                bytes: layout.block_bytes(),
+                limit: per_binding,
+            });
+        }
+        let mut buffers = Vec::new();
+        let mut left = num_blocks;
+        while left > 0 {
+            let n = left.min(blocks_per_buffer);
+            let buffer = ctx.scoped(label, || {
+                ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(label),
+                    size: n as u64 * layout.block_bytes(),
+                    usage: STORAGE,
+                    mapped_at_creation: false,
+                })
+            })?;
+            buffers.push(buffer);
+            left -= n;
+        }
+        Ok(Self {
+            layout,
+            num_blocks,
+            blocks_per_buffer,
+            buffers,
+        })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &PoolLayout {
+        &self.layout
+    }
+
+    /// Blocks in the pool.
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Blocks per buffer (the last buffer may hold fewer).
+    pub fn blocks_per_buffer(&self) -> usize {
+        self.blocks_per_buffer
+    }
+
+    /// The buffers; buffer `i` holds blocks `i * blocks_per_buffer ..`.
+    pub fn buffers(&self) -> &[wgpu::Buffer] {
+        &self.buffers
+    }
+
+    /// Bytes allocated.
+    pub fn bytes(&self) -> u64 {
+        self.num_blocks as u64 * self.layout.block_bytes()
+    }
+
+    /// (buffer index, block index inside that buffer) of `block`.
+    pub fn locate(&self, block: BlockId) -> Result<(usize, usize)> {
+        let b = block as usize;
+        if b >= self.num_blocks {
+            return Err(Error::InvalidArgument(format!(
+                "block {block} out of range ({} blocks)",
+                self.num_blocks
+            )));
+        }
+        Ok((b / self.blocks_per_buffer, b % self.blocks_per_buffer))
+    }
+
+    /// Copies `blocks` to the host, in the given order: `blocks.len() * block_words` words.
+    pub fn read_blocks(&self, ctx: &Context, blocks: &[BlockId]) -> Result<Vec<u32>> {
+        let bytes = self.layout.block_bytes();
+        let total = bytes * blocks.len() as u64;
+        if total == 0 {
+            return Ok(Vec::new());
+        }
+        let located = blocks
+            .iter()
+            .map(|&b| self.locate(b))
+            .collect::<Result<Vec<_>>>()?;
+        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kvattn block readback"),
+            size: total,
+            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        ctx.scoped("read blocks", || {
+            let mut encoder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+            for (i, &(buf, local)) in located.iter().enumerate() {
+                encoder.copy_buffer_to_buffer(
+                    &self.buffers[buf],
+                    local as u64 * bytes,
+                    &staging,
+                    i as u64 * bytes,
+                    bytes,
+                );
+            }
+            ctx.queue.submit([encoder.finish()]);
+        })?;
+        ctx.read_back(&staging, (total / 4) as usize)
+    }
+
+    /// Writes `words` (`blocks.len() * block_words`, in the given order) into `blocks`.
+    pub fn write_blocks(&self, ctx: &Context, blocks: &[BlockId], words: &[u32]) -> Result<()> {
+        let bw = self.layout.block_words();
+        if words.len() != blocks.len() * bw {
+            return Err(Error::ShapeMismatch {
+                what: "block words",
+                expected: blocks.len() * bw,
+                got: words.len(),
+            });
+        }
+        let located = blocks
+            .iter()
+            .map(|&b| self.locate(b))
+            .collect::<Result<Vec<_>>>()?;
+        ctx.scoped("write blocks", || {
+            for (chunk, &(buf, local)) in words.chunks(bw).zip(&located) {
+                ctx.queue.write_buffer(
+                    &self.buffers[buf],
+                    local as u64 * self.layout.block_bytes(),
+                    bytemuck::cast_slice(chunk),
+                );
+            }
+        })
+    }
+}
+
+/// The K and V pools of one layer.
+#[derive(Debug)]
+pub struct LayerPools {
+    /// Keys.
+    pub k: BlockPool,
+    /// Values.
+    pub v: BlockPool,
+}

@@ -1,0 +1,161 @@
+//! Versioned snapshots of one sequence's KV as safetensors.
+//!
+//! Tensors, in token order (so a snapshot does not depend on which physical blocks held it, nor
+//! on the block size): `tokens` U32 `[len]`, and per layer `l`: `k.{l}` U32 `[len, Hkv, k words
+//! per row]`, `v.{l}` U32 `[len, Hkv, v words per row]` (the stored words, bit for bit, packed as
+//! DESIGN.md section 5 says). The metadata header records everything needed to refuse a
+//! mismatch: [`FORMAT_VERSION`], `k_dtype`, `v_dtype`, `k_scales`/`v_scales`, `block_size`,
+//! `layers`, `kv_heads`, `head_dim_k`, `head_dim_v`, `model_id`, `kernel_revision`, `tokens`.
+//!
+//! Import checks every field against the cache (the block size alone may differ: rows are
+//! re-laid into the importing cache's blocks, which changes no byte of any row) and never
+//! reinterprets bytes of another layout.
+
+use std::collections::HashMap;
+
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+
+use super::allocator::SeqId;
+use super::paged::PagedKvCache;
+use crate::gpu::Context;
+use crate::{Error, Result};
+
+/// Version of the snapshot format written here.
+pub const FORMAT_VERSION: &str = "1";
+
+/// Revision of the pool byte layout (row packing, block layout). Bumped whenever stored bytes
+/// would mean something else; snapshots of another revision are refused.
+pub const KERNEL_REVISION: &str = "kvattn-kv-1";
+
+fn header(cache: &PagedKvCache, tokens: usize) -> HashMap<String, String> {
+    let c = cache.config();
+    [
+        ("format_version", FORMAT_VERSION.to_string()),
+        ("k_dtype", c.k_dtype.name().to_string()),
+        ("v_dtype", c.v_dtype.name().to_string()),
+        ("k_scales", "none".to_string()),
+        ("v_scales", "none".to_string()),
+        ("block_size", c.block_size.to_string()),
+        ("layers", c.layers.to_string()),
+        ("kv_heads", c.num_kv_heads.to_string()),
+        ("head_dim_k", c.head_dim_k.to_string()),
+        ("head_dim_v", c.head_dim_v.to_string()),
+        ("model_id", c.model_id.clone()),
+        ("kernel_revision", KERNEL_REVISION.to_string()),
+        ("tokens", tokens.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+fn bytes_of(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+fn words_of(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn st_err(e: safetensors::SafeTensorError) -> Error {
+    Error::Snapshot(e.to_string())
+}
+
+impl PagedKvCache {
+    /// Exports `seq` (its tokens and every layer's K/V) as safetensors bytes.
+    pub fn export_snapshot(&self, ctx: &Context, seq: SeqId) -> Result<Vec<u8>> {
+        let tokens = self.allocator().tokens(seq)?.to_vec();
+        let len = tokens.len();
+        let c = self.config().clone();
+        let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> =
+            vec![("tokens".into(), vec![len], bytes_of(&tokens))];
+        for layer in 0..c.layers {
+            let (k, v) = self.read_words(ctx, seq, layer)?;
+            let kw = c.k_layout().words_per_row();
+            let vw = c.v_layout().words_per_row();
+            owned.push((
+                format!("k.{layer}"),
+                vec![len, c.num_kv_heads, kw],
+                bytes_of(&k),
+            ));
+            owned.push((
+                format!("v.{layer}"),
+                vec![len, c.num_kv_heads, vw],
+                bytes_of(&v),
+            ));
+        }
+        let views = owned
+            .iter()
+            .map(|(name, shape, data)| {
+                Ok((
+                    name.clone(),
+                    TensorView::new(Dtype::U32, shape.clone(), data).map_err(st_err)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        safetensors::serialize(views, Some(header(self, len))).map_err(st_err)
+    }
+
+    /// Imports a snapshot as a new sequence `seq`. Refuses (with [`Error::Snapshot`]) any
+    /// header that differs from this cache's own (block size excepted), and any tensor of the
+    /// wrong dtype or shape; on error the cache is unchanged.
+    pub fn import_snapshot(&mut self, ctx: &Context, seq: SeqId, bytes: &[u8]) -> Result<()> {
+        let st = SafeTensors::deserialize(bytes).map_err(st_err)?;
+        let (_, meta) = SafeTensors::read_metadata(bytes).map_err(st_err)?;
+        let found = meta
+            .metadata()
+            .clone()
+            .ok_or_else(|| Error::Snapshot("no metadata header: not a kvattn snapshot".into()))?;
+        let len: usize = found
+            .get("tokens")
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| Error::Snapshot("header lacks a token count".into()))?;
+        for (key, want) in header(self, len) {
+            if key == "block_size" {
+                continue;
+            }
+            match found.get(&key) {
+                Some(got) if *got == want => {}
+                Some(got) => {
+                    return Err(Error::Snapshot(format!(
+                        "{key} is {got:?} in the snapshot but {want:?} in this cache"
+                    )))
+                }
+                None => return Err(Error::Snapshot(format!("header lacks {key}"))),
+            }
+        }
+        let c = self.config().clone();
+        let tensor = |name: &str, shape: Vec<usize>| -> Result<Vec<u32>> {
+            let t = st
+                .tensor(name)
+                .map_err(|_| Error::Snapshot(format!("tensor {name} is missing")))?;
+            if t.dtype() != Dtype::U32 || t.shape() != shape.as_slice() {
+                return Err(Error::Snapshot(format!(
+                    "tensor {name} is {:?} {:?}, expected U32 {shape:?}",
+                    t.dtype(),
+                    t.shape()
+                )));
+            }
+            Ok(words_of(t.data()))
+        };
+        let tokens = tensor("tokens", vec![len])?;
+        let rows = (0..c.layers)
+            .map(|l| {
+                let k = tensor(
+                    &format!("k.{l}"),
+                    vec![len, c.num_kv_heads, c.k_layout().words_per_row()],
+                )?;
+                let v = tensor(
+                    &format!("v.{l}"),
+                    vec![len, c.num_kv_heads, c.v_layout().words_per_row()],
+                )?;
+                Ok((k, v))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.insert_rows(ctx, seq, &tokens, &rows)
+    }
+}

@@ -1,0 +1,412 @@
+//! The paged cache on the GPU: appends in random interleavings, forks with copy-on-write, reads
+//! back through the block tables, swap, snapshots, pools split over several bindings.
+
+use std::collections::BTreeMap;
+
+use kvattn::cache::append_kv::{append_kv, SourceDtype};
+use kvattn::cache::paged::{AppendBatch, PagedKvCache, PagedKvConfig, PoolSize};
+use kvattn::cache::pool::{BlockPool, PoolLayout};
+use kvattn::quant::{encode_rows, KvDtype, ScaleMode};
+use kvattn::Error;
+
+use crate::common::{gpu, gpu_capped, Rng};
+
+/// What the host believes a sequence holds: tokens and, per layer, its K and V rows (f32).
+#[derive(Clone, Default)]
+struct Model {
+    tokens: Vec<u32>,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+fn config(dtype: KvDtype, block_size: usize) -> PagedKvConfig {
+    PagedKvConfig {
+        head_dim_v: 32,
+        block_size,
+        model_id: "test-model".into(),
+        ..PagedKvConfig::new(2, 2, 64, dtype)
+    }
+}
+
+/// The words the cache must hold for `rows` stored in `dtype` (the CPU codec is the definition).
+fn encoded(dtype: KvDtype, head_dim: usize, rows: &[f32]) -> Vec<u32> {
+    encode_rows(dtype, head_dim, rows, ScaleMode::PerRow)
+        .unwrap()
+        .words
+}
+
+fn check_all(cache: &PagedKvCache, models: &BTreeMap<u64, Model>) {
+    let ctx = gpu_capped();
+    let c = cache.config();
+    for (&seq, m) in models {
+        assert_eq!(
+            cache.allocator().tokens(seq).unwrap(),
+            &m.tokens[..],
+            "seq {seq} tokens"
+        );
+        for layer in 0..c.layers {
+            let (k, v) = cache.read_words(ctx, seq, layer).unwrap();
+            assert_eq!(
+                k,
+                encoded(c.k_dtype, c.head_dim_k, &m.k[layer]),
+                "seq {seq} layer {layer} K"
+            );
+            assert_eq!(
+                v,
+                encoded(c.v_dtype, c.head_dim_v, &m.v[layer]),
+                "seq {seq} layer {layer} V"
+            );
+        }
+    }
+    cache.allocator().check_invariants().unwrap();
+}
+
+fn append(
+    cache: &mut PagedKvCache,
+    rng: &mut Rng,
+    models: &mut BTreeMap<u64, Model>,
+    seq: u64,
+    n: usize,
+) -> Result<(), Error> {
+    let c = cache.config().clone();
+    let tokens: Vec<u32> = (0..n).map(|_| (rng.next_u64() % 5) as u32).collect();
+    let k: Vec<Vec<f32>> = (0..c.layers)
+        .map(|_| rng.normals(n * c.num_kv_heads * c.head_dim_k, 1.0))
+        .collect();
+    let v: Vec<Vec<f32>> = (0..c.layers)
+        .map(|_| rng.normals(n * c.num_kv_heads * c.head_dim_v, 1.0))
+        .collect();
+    cache.append_host(gpu_capped(), seq, &tokens, &k, &v)?;
+    let m = models.get_mut(&seq).unwrap();
+    m.tokens.extend(&tokens);
+    for l in 0..c.layers {
+        m.k[l].extend(&k[l]);
+        m.v[l].extend(&v[l]);
+    }
+    Ok(())
+}
+
+#[test]
+fn random_appends_and_forks_read_back_through_block_tables() {
+    let ctx = gpu_capped();
+    for (dtype, block_size) in [
+        (KvDtype::F32, 16),
+        (KvDtype::F16, 4),
+        (KvDtype::Bf16, 1),
+        (KvDtype::F16, 256),
+    ] {
+        let cfg = PagedKvConfig {
+            prefix_caching: false,
+            ..config(dtype, block_size)
+        };
+        let blocks = 4096 / block_size + 8;
+        let mut cache = PagedKvCache::new(ctx, cfg, PoolSize::Blocks(blocks)).unwrap();
+        let pools = cache.layer(0).unwrap();
+        assert!(
+            pools.k.buffers().len() >= 3,
+            "{dtype} bs{block_size}: K pool in {} buffers",
+            pools.k.buffers().len()
+        );
+        let mut rng = Rng::new(block_size as u64);
+        let mut models: BTreeMap<u64, Model> = BTreeMap::new();
+        let mut next = 0u64;
+        let empty = Model {
+            tokens: vec![],
+            k: vec![vec![]; 2],
+            v: vec![vec![]; 2],
+        };
+        for step in 0..60 {
+            let roll = rng.next_u64() % 10;
+            if models.is_empty() || roll == 0 {
+                cache.add_sequence(next, &[]).unwrap();
+                models.insert(next, empty.clone());
+                next += 1;
+            } else if roll == 1 {
+                let parent = *models
+                    .keys()
+                    .nth((rng.next_u64() as usize) % models.len())
+                    .unwrap();
+                cache.fork(parent, next).unwrap();
+                let copy = models[&parent].clone();
+                models.insert(next, copy);
+                next += 1;
+            } else if roll == 2 && models.len() > 2 {
+                let seq = *models.keys().next().unwrap();
+                cache.free(seq).unwrap();
+                models.remove(&seq);
+            } else {
+                let seq = *models
+                    .keys()
+                    .nth((rng.next_u64() as usize) % models.len())
+                    .unwrap();
+                let n = 1 + (rng.next_u64() % 37) as usize;
+                append(&mut cache, &mut rng, &mut models, seq, n).unwrap();
+            }
+            if step % 20 == 19 {
+                check_all(&cache, &models);
+            }
+        }
+        // Fork, then append to both branches: the shared partial block is copied once.
+        let parent = *models.keys().last().unwrap();
+        append(&mut cache, &mut rng, &mut models, parent, 3).unwrap();
+        let partial = models[&parent].tokens.len() % block_size != 0;
+        cache.fork(parent, next).unwrap();
+        models.insert(next, models[&parent].clone());
+        let before = cache.telemetry().cow_copies;
+        append(&mut cache, &mut rng, &mut models, parent, 2).unwrap();
+        append(&mut cache, &mut rng, &mut models, next, 5).unwrap();
+        // The first branch to append copies the shared partial block (earlier random forks may
+        // share it too, so the second branch may copy as well).
+        assert!(cache.telemetry().cow_copies - before >= u64::from(partial) as _);
+        check_all(&cache, &models);
+    }
+}
+
+#[test]
+fn fork_copy_on_write_keeps_both_branches() {
+    let ctx = gpu_capped();
+    let mut cache = PagedKvCache::new(ctx, config(KvDtype::F16, 8), PoolSize::Blocks(64)).unwrap();
+    let mut rng = Rng::new(11);
+    let mut models = BTreeMap::new();
+    cache.add_sequence(1, &[]).unwrap();
+    models.insert(
+        1,
+        Model {
+            tokens: vec![],
+            k: vec![vec![]; 2],
+            v: vec![vec![]; 2],
+        },
+    );
+    append(&mut cache, &mut rng, &mut models, 1, 13).unwrap(); // one full block, one partial
+    cache.fork(1, 2).unwrap();
+    models.insert(2, models[&1].clone());
+    assert_eq!(cache.block_table(1).unwrap(), cache.block_table(2).unwrap());
+    append(&mut cache, &mut rng, &mut models, 1, 1).unwrap();
+    append(&mut cache, &mut rng, &mut models, 2, 6).unwrap();
+    let (t1, t2) = (
+        cache.block_table(1).unwrap().to_vec(),
+        cache.block_table(2).unwrap().to_vec(),
+    );
+    assert_eq!(t1[0], t2[0], "the full block stays shared");
+    assert_ne!(t1[1], t2[1], "the partial block was copied on write");
+    assert!(cache.telemetry().cow_copies >= 1);
+    check_all(&cache, &models);
+}
+
+#[test]
+fn failed_append_changes_nothing() {
+    let ctx = gpu_capped();
+    let mut cache = PagedKvCache::new(ctx, config(KvDtype::F32, 16), PoolSize::Blocks(4)).unwrap();
+    let mut rng = Rng::new(3);
+    let mut models = BTreeMap::new();
+    cache.add_sequence(7, &[]).unwrap();
+    models.insert(
+        7,
+        Model {
+            tokens: vec![],
+            k: vec![vec![]; 2],
+            v: vec![vec![]; 2],
+        },
+    );
+    append(&mut cache, &mut rng, &mut models, 7, 40).unwrap();
+    let table = cache.block_table(7).unwrap().to_vec();
+    let free = cache.allocator().num_free_blocks();
+    let err = append(&mut cache, &mut rng, &mut models, 7, 40).unwrap_err();
+    assert!(matches!(err, Error::OutOfBlocks { .. }), "{err}");
+    assert_eq!(cache.block_table(7).unwrap(), &table[..]);
+    assert_eq!(cache.allocator().num_free_blocks(), free);
+    // A shape error is caught before any allocation.
+    let bad = cache.append_host(
+        ctx,
+        7,
+        &[1],
+        &[vec![0.0; 3], vec![0.0; 3]],
+        &[vec![0.0; 3], vec![0.0; 3]],
+    );
+    assert!(matches!(bad, Err(Error::ShapeMismatch { .. })));
+    assert_eq!(cache.allocator().num_free_blocks(), free);
+    check_all(&cache, &models);
+}
+
+#[test]
+fn swap_out_and_in_is_bit_identical() {
+    let ctx = gpu_capped();
+    let mut cache = PagedKvCache::new(ctx, config(KvDtype::Bf16, 4), PoolSize::Blocks(32)).unwrap();
+    let mut rng = Rng::new(21);
+    let mut models = BTreeMap::new();
+    for seq in [1u64, 2] {
+        cache.add_sequence(seq, &[]).unwrap();
+        models.insert(
+            seq,
+            Model {
+                tokens: vec![],
+                k: vec![vec![]; 2],
+                v: vec![vec![]; 2],
+            },
+        );
+        append(&mut cache, &mut rng, &mut models, seq, 23).unwrap();
+    }
+    let before: Vec<_> = (0..2)
+        .map(|l| cache.read_words(ctx, 1, l).unwrap())
+        .collect();
+    let old_table = cache.block_table(1).unwrap().to_vec();
+    let swapped = cache.swap_out(ctx, 1).unwrap();
+    assert!(
+        cache.block_table(1).is_err(),
+        "a swapped-out sequence holds no blocks"
+    );
+    // Another sequence takes the freed blocks, so the swap-in lands elsewhere.
+    cache.add_sequence(3, &[]).unwrap();
+    models.insert(
+        3,
+        Model {
+            tokens: vec![],
+            k: vec![vec![]; 2],
+            v: vec![vec![]; 2],
+        },
+    );
+    append(&mut cache, &mut rng, &mut models, 3, 23).unwrap();
+    cache.swap_in(ctx, 1, &swapped).unwrap();
+    assert_ne!(cache.block_table(1).unwrap(), &old_table[..]);
+    let after: Vec<_> = (0..2)
+        .map(|l| cache.read_words(ctx, 1, l).unwrap())
+        .collect();
+    assert_eq!(before, after);
+    assert_eq!(cache.telemetry().swaps_out, 1);
+    assert_eq!(cache.telemetry().swaps_in, 1);
+    check_all(&cache, &models);
+}
+
+#[test]
+fn snapshots_round_trip_and_refuse_mismatches() {
+    let ctx = gpu_capped();
+    let mut cache = PagedKvCache::new(ctx, config(KvDtype::F16, 16), PoolSize::Blocks(32)).unwrap();
+    let mut rng = Rng::new(8);
+    let mut models = BTreeMap::new();
+    cache.add_sequence(1, &[]).unwrap();
+    models.insert(
+        1,
+        Model {
+            tokens: vec![],
+            k: vec![vec![]; 2],
+            v: vec![vec![]; 2],
+        },
+    );
+    append(&mut cache, &mut rng, &mut models, 1, 37).unwrap();
+    let bytes = cache.export_snapshot(ctx, 1).unwrap();
+
+    // Same layout, another block size: rows are re-laid, bit for bit.
+    let mut other = PagedKvCache::new(ctx, config(KvDtype::F16, 4), PoolSize::Blocks(32)).unwrap();
+    other.import_snapshot(ctx, 9, &bytes).unwrap();
+    let mut expect = BTreeMap::new();
+    expect.insert(9u64, models[&1].clone());
+    check_all(&other, &expect);
+
+    // Any mismatch is refused, and nothing is created.
+    let mismatches = [
+        PagedKvConfig {
+            model_id: "another-model".into(),
+            ..config(KvDtype::F16, 16)
+        },
+        config(KvDtype::Bf16, 16),
+        PagedKvConfig {
+            head_dim_v: 64,
+            ..config(KvDtype::F16, 16)
+        },
+        PagedKvConfig {
+            layers: 3,
+            ..config(KvDtype::F16, 16)
+        },
+    ];
+    for cfg in mismatches {
+        let mut target = PagedKvCache::new(ctx, cfg.clone(), PoolSize::Blocks(32)).unwrap();
+        let err = target.import_snapshot(ctx, 5, &bytes).unwrap_err();
+        assert!(matches!(err, Error::Snapshot(_)), "{cfg:?}: {err}");
+        assert!(target.block_table(5).is_err());
+        assert_eq!(target.allocator().num_free_blocks(), 32);
+    }
+    let mut garbage = bytes.clone();
+    garbage.truncate(bytes.len() / 2);
+    assert!(matches!(
+        cache.import_snapshot(ctx, 6, &garbage),
+        Err(Error::Snapshot(_))
+    ));
+    // Not enough room: refused with OutOfBlocks, nothing left behind.
+    let mut small = PagedKvCache::new(ctx, config(KvDtype::F16, 16), PoolSize::Blocks(2)).unwrap();
+    assert!(matches!(
+        small.import_snapshot(ctx, 1, &bytes),
+        Err(Error::OutOfBlocks { .. })
+    ));
+    assert!(small.block_table(1).is_err());
+    assert_eq!(small.allocator().num_free_blocks(), 2);
+}
+
+#[test]
+fn pool_larger_than_one_binding_splits_and_every_buffer_is_reachable() {
+    // A real-limits pool of about 312 MiB: 5000 blocks of 64 KiB over 128 MiB bindings.
+    let ctx = gpu();
+    let layout = PoolLayout {
+        num_kv_heads: 8,
+        head_dim: 128,
+        dtype: KvDtype::F32,
+        block_size: 16,
+    };
+    let pool = BlockPool::new(ctx, layout, 5000, "big pool").unwrap();
+    let binding = ctx.caps().max_storage_buffer_binding_size;
+    assert!(pool.bytes() > binding);
+    assert_eq!(
+        pool.buffers().len() as u64,
+        pool.bytes()
+            .div_ceil(binding / layout.block_bytes() * layout.block_bytes())
+    );
+    eprintln!(
+        "large pool: {} bytes in {} buffers of <= {binding}",
+        pool.bytes(),
+        pool.buffers().len()
+    );
+    // One row into the first block and one into the last, through append_kv, read back.
+    let rows: Vec<f32> = (0..2 * 8 * 128).map(|i| i as f32 * 0.5).collect();
+    let src = ctx.upload("rows", &rows).unwrap();
+    let slots = [3u32, 4999 * 16 + 15];
+    append_kv(ctx, &pool, &src, SourceDtype::F32, &slots).unwrap();
+    let words = pool.read_blocks(ctx, &[0, 4999]).unwrap();
+    for (i, (block_idx, offset)) in [(0usize, 3usize), (1, 15)].into_iter().enumerate() {
+        for h in 0..8 {
+            let at = block_idx * layout.block_words() + layout.row_in_block(h, offset);
+            let got: Vec<f32> = words[at..at + 128]
+                .iter()
+                .map(|&w| f32::from_bits(w))
+                .collect();
+            assert_eq!(got, rows[(i * 8 + h) * 128..][..128], "row {i} head {h}");
+        }
+    }
+    // Slots outside the pool are refused before dispatch.
+    assert!(append_kv(ctx, &pool, &src, SourceDtype::F32, &[5000 * 16]).is_err());
+}
+
+#[test]
+fn f16_sources_append_bit_exact() {
+    let ctx = gpu_capped();
+    let mut cache = PagedKvCache::new(ctx, config(KvDtype::F32, 8), PoolSize::Blocks(16)).unwrap();
+    cache.add_sequence(1, &[]).unwrap();
+    let mut batch = AppendBatch::new();
+    cache.append_tokens(ctx, &mut batch, 1, &[1, 2, 3]).unwrap();
+    let mut rng = Rng::new(2);
+    let halves = |n: usize, rng: &mut Rng| -> (Vec<u32>, Vec<f32>) {
+        let vals: Vec<half::f16> = (0..n).map(|_| half::f16::from_f32(rng.normal())).collect();
+        let words = vals
+            .chunks(2)
+            .map(|p| u32::from(p[0].to_bits()) | (u32::from(p[1].to_bits()) << 16))
+            .collect();
+        (words, vals.iter().map(|v| v.to_f32()).collect())
+    };
+    let (kw, kf) = halves(3 * 2 * 64, &mut rng);
+    let (vw, vf) = halves(3 * 2 * 32, &mut rng);
+    let (kb, vb) = (ctx.upload("k", &kw).unwrap(), ctx.upload("v", &vw).unwrap());
+    cache
+        .write_layer(ctx, 0, &batch, &kb, &vb, SourceDtype::F16)
+        .unwrap();
+    let (k, v) = cache.read_f32(ctx, 1, 0).unwrap();
+    assert_eq!(k, kf);
+    assert_eq!(v, vf);
+}
