@@ -277,7 +277,8 @@ impl PagedKvCache {
     }
 
     /// Appends `tokens` to `seq` with their K/V given on the host, per layer (`k[layer]` is
-    /// `[tokens.len(), Hkv, head_dim_k]` f32). Checks the shapes before allocating anything.
+    /// `[tokens.len(), Hkv, head_dim_k]` f32), uploaded in chunks that fit one storage binding.
+    /// Checks the shapes before allocating anything.
     pub fn append_host(
         &mut self,
         ctx: &Context,
@@ -286,7 +287,7 @@ impl PagedKvCache {
         k: &[Vec<f32>],
         v: &[Vec<f32>],
     ) -> Result<()> {
-        let c = &self.config;
+        let c = self.config.clone();
         for (what, data, dim) in [("k", k, c.head_dim_k), ("v", v, c.head_dim_v)] {
             if data.len() != c.layers {
                 return Err(Error::ShapeMismatch {
@@ -310,10 +311,18 @@ impl PagedKvCache {
         }
         let mut batch = AppendBatch::new();
         self.append_tokens(ctx, &mut batch, seq, tokens)?;
-        for layer in 0..self.layers.len() {
-            let kb = ctx.upload("new k", &k[layer])?;
-            let vb = ctx.upload("new v", &v[layer])?;
-            self.write_layer(ctx, layer, &batch, &kb, &vb, SourceDtype::F32)?;
+        // Upload in chunks whose rows fit one storage binding.
+        let row_bytes = 4 * c.num_kv_heads * c.head_dim_k.max(c.head_dim_v);
+        let per_chunk = (ctx.caps().max_storage_buffer_binding_size as usize / row_bytes).max(1);
+        let (kr, vr) = (c.num_kv_heads * c.head_dim_k, c.num_kv_heads * c.head_dim_v);
+        for (layer, pools) in self.layers.iter().enumerate() {
+            for (i, slots) in batch.slots.chunks(per_chunk).enumerate() {
+                let rows = i * per_chunk..i * per_chunk + slots.len();
+                let kb = ctx.upload("new k", &k[layer][rows.start * kr..rows.end * kr])?;
+                let vb = ctx.upload("new v", &v[layer][rows.start * vr..rows.end * vr])?;
+                append_kv(ctx, &pools.k, &kb, SourceDtype::F32, slots)?;
+                append_kv(ctx, &pools.v, &vb, SourceDtype::F32, slots)?;
+            }
         }
         Ok(())
     }

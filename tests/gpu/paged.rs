@@ -35,6 +35,20 @@ fn encoded(dtype: KvDtype, head_dim: usize, rows: &[f32]) -> Vec<u32> {
         .words
 }
 
+/// Every test's pools span three or more bindings, so the split path always runs.
+fn new_cache(cfg: PagedKvConfig, blocks: usize) -> PagedKvCache {
+    let cache = PagedKvCache::new(gpu_capped(), cfg, PoolSize::Blocks(blocks)).unwrap();
+    let pools = cache.layer(0).unwrap();
+    for (name, pool) in [("K", &pools.k), ("V", &pools.v)] {
+        assert!(
+            pool.buffers().len() >= 3,
+            "{name} pool in {} buffers",
+            pool.buffers().len()
+        );
+    }
+    cache
+}
+
 fn check_all(cache: &PagedKvCache, models: &BTreeMap<u64, Model>) {
     let ctx = gpu_capped();
     let c = cache.config();
@@ -88,7 +102,6 @@ fn append(
 
 #[test]
 fn random_appends_and_forks_read_back_through_block_tables() {
-    let ctx = gpu_capped();
     for (dtype, block_size) in [
         (KvDtype::F32, 16),
         (KvDtype::F16, 4),
@@ -100,13 +113,7 @@ fn random_appends_and_forks_read_back_through_block_tables() {
             ..config(dtype, block_size)
         };
         let blocks = 4096 / block_size + 8;
-        let mut cache = PagedKvCache::new(ctx, cfg, PoolSize::Blocks(blocks)).unwrap();
-        let pools = cache.layer(0).unwrap();
-        assert!(
-            pools.k.buffers().len() >= 3,
-            "{dtype} bs{block_size}: K pool in {} buffers",
-            pools.k.buffers().len()
-        );
+        let mut cache = new_cache(cfg, blocks);
         let mut rng = Rng::new(block_size as u64);
         let mut models: BTreeMap<u64, Model> = BTreeMap::new();
         let mut next = 0u64;
@@ -164,8 +171,7 @@ fn random_appends_and_forks_read_back_through_block_tables() {
 
 #[test]
 fn fork_copy_on_write_keeps_both_branches() {
-    let ctx = gpu_capped();
-    let mut cache = PagedKvCache::new(ctx, config(KvDtype::F16, 8), PoolSize::Blocks(64)).unwrap();
+    let mut cache = new_cache(config(KvDtype::F16, 8), 160);
     let mut rng = Rng::new(11);
     let mut models = BTreeMap::new();
     cache.add_sequence(1, &[]).unwrap();
@@ -193,28 +199,60 @@ fn fork_copy_on_write_keeps_both_branches() {
     check_all(&cache, &models);
 }
 
+/// Every word of every pool of the cache, for "no byte written" checks.
+fn all_pool_words(cache: &PagedKvCache) -> Vec<Vec<u32>> {
+    let ctx = gpu_capped();
+    let blocks: Vec<u32> = (0..cache.allocator().num_blocks() as u32).collect();
+    (0..cache.config().layers)
+        .flat_map(|l| {
+            let pools = cache.layer(l).unwrap();
+            [
+                pools.k.read_blocks(ctx, &blocks).unwrap(),
+                pools.v.read_blocks(ctx, &blocks).unwrap(),
+            ]
+        })
+        .collect()
+}
+
+fn empty_model() -> Model {
+    Model {
+        tokens: vec![],
+        k: vec![vec![]; 2],
+        v: vec![vec![]; 2],
+    }
+}
+
 #[test]
 fn failed_append_changes_nothing() {
     let ctx = gpu_capped();
-    let mut cache = PagedKvCache::new(ctx, config(KvDtype::F32, 16), PoolSize::Blocks(4)).unwrap();
+    let mut cache = new_cache(config(KvDtype::F32, 16), 48);
     let mut rng = Rng::new(3);
     let mut models = BTreeMap::new();
-    cache.add_sequence(7, &[]).unwrap();
-    models.insert(
-        7,
-        Model {
-            tokens: vec![],
-            k: vec![vec![]; 2],
-            v: vec![vec![]; 2],
-        },
-    );
-    append(&mut cache, &mut rng, &mut models, 7, 40).unwrap();
+    // A filler takes 44 of the 48 blocks.
+    for (seq, n) in [(8u64, 44 * 16), (7, 40)] {
+        cache.add_sequence(seq, &[]).unwrap();
+        models.insert(seq, empty_model());
+        append(&mut cache, &mut rng, &mut models, seq, n).unwrap();
+    }
     let table = cache.block_table(7).unwrap().to_vec();
     let free = cache.allocator().num_free_blocks();
+    let telemetry = cache.telemetry();
+    let words = all_pool_words(&cache);
+    // 40 more tokens need 2 more blocks; 1 is free.
     let err = append(&mut cache, &mut rng, &mut models, 7, 40).unwrap_err();
     assert!(matches!(err, Error::OutOfBlocks { .. }), "{err}");
     assert_eq!(cache.block_table(7).unwrap(), &table[..]);
     assert_eq!(cache.allocator().num_free_blocks(), free);
+    assert_eq!(
+        cache.telemetry().failed_admissions,
+        telemetry.failed_admissions + 1
+    );
+    assert_eq!(cache.telemetry().logical_tokens, telemetry.logical_tokens);
+    assert_eq!(
+        all_pool_words(&cache),
+        words,
+        "a failed append wrote to a pool"
+    );
     // A shape error is caught before any allocation.
     let bad = cache.append_host(
         ctx,
@@ -225,13 +263,14 @@ fn failed_append_changes_nothing() {
     );
     assert!(matches!(bad, Err(Error::ShapeMismatch { .. })));
     assert_eq!(cache.allocator().num_free_blocks(), free);
+    assert_eq!(all_pool_words(&cache), words);
     check_all(&cache, &models);
 }
 
 #[test]
 fn swap_out_and_in_is_bit_identical() {
     let ctx = gpu_capped();
-    let mut cache = PagedKvCache::new(ctx, config(KvDtype::Bf16, 4), PoolSize::Blocks(32)).unwrap();
+    let mut cache = new_cache(config(KvDtype::Bf16, 4), 300);
     let mut rng = Rng::new(21);
     let mut models = BTreeMap::new();
     for seq in [1u64, 2] {
@@ -280,7 +319,7 @@ fn swap_out_and_in_is_bit_identical() {
 #[test]
 fn snapshots_round_trip_and_refuse_mismatches() {
     let ctx = gpu_capped();
-    let mut cache = PagedKvCache::new(ctx, config(KvDtype::F16, 16), PoolSize::Blocks(32)).unwrap();
+    let mut cache = new_cache(config(KvDtype::F16, 16), 96);
     let mut rng = Rng::new(8);
     let mut models = BTreeMap::new();
     cache.add_sequence(1, &[]).unwrap();
@@ -296,7 +335,7 @@ fn snapshots_round_trip_and_refuse_mismatches() {
     let bytes = cache.export_snapshot(ctx, 1).unwrap();
 
     // Same layout, another block size: rows are re-laid, bit for bit.
-    let mut other = PagedKvCache::new(ctx, config(KvDtype::F16, 4), PoolSize::Blocks(32)).unwrap();
+    let mut other = new_cache(config(KvDtype::F16, 4), 400);
     other.import_snapshot(ctx, 9, &bytes).unwrap();
     let mut expect = BTreeMap::new();
     expect.insert(9u64, models[&1].clone());
@@ -319,11 +358,11 @@ fn snapshots_round_trip_and_refuse_mismatches() {
         },
     ];
     for cfg in mismatches {
-        let mut target = PagedKvCache::new(ctx, cfg.clone(), PoolSize::Blocks(32)).unwrap();
+        let mut target = PagedKvCache::new(ctx, cfg.clone(), PoolSize::Blocks(96)).unwrap();
         let err = target.import_snapshot(ctx, 5, &bytes).unwrap_err();
         assert!(matches!(err, Error::Snapshot(_)), "{cfg:?}: {err}");
         assert!(target.block_table(5).is_err());
-        assert_eq!(target.allocator().num_free_blocks(), 32);
+        assert_eq!(target.allocator().num_free_blocks(), 96);
     }
     let mut garbage = bytes.clone();
     garbage.truncate(bytes.len() / 2);
@@ -387,7 +426,7 @@ fn pool_larger_than_one_binding_splits_and_every_buffer_is_reachable() {
 #[test]
 fn f16_sources_append_bit_exact() {
     let ctx = gpu_capped();
-    let mut cache = PagedKvCache::new(ctx, config(KvDtype::F32, 8), PoolSize::Blocks(16)).unwrap();
+    let mut cache = new_cache(config(KvDtype::F32, 8), 96);
     cache.add_sequence(1, &[]).unwrap();
     let mut batch = AppendBatch::new();
     cache.append_tokens(ctx, &mut batch, 1, &[1, 2, 3]).unwrap();
