@@ -1,0 +1,501 @@
+//! Rotary position embedding on the GPU (`shaders/rope.wgsl`): NeoX and GPT-J styles, any
+//! `theta`, partial rotary dims, one position per token (a chunk after a cached prefix of 1,000
+//! tokens passes positions `1000..`). The CPU reference and the configuration live in
+//! [`mod@crate::reference::rope`]; they are re-exported here.
+//!
+//! The kernel writes out of place: it reads `x` and writes every element of the first
+//! `n_tokens * num_heads * head_dim` of `out` (the partial-rotary tail is copied), so `x` and
+//! `out` must be different buffers. Bytes of `out` past that range are never touched.
+//!
+//! # Accuracy
+//!
+//! The angle is exact for every `u32` position, and no vendor `sin`/`cos` is used. The host
+//! turns each pair's inverse frequency (f64, [`RopeConfig::inv_freq`]) into turns per token as a
+//! 64-bit fixed-point fraction ([`turn_table`]); the kernel multiplies the position into it with
+//! exact integer arithmetic (the angle modulo one turn), reduces to the nearest quarter turn,
+//! and evaluates minimax polynomials on the remainder, within `pi/4` (Cephes `sinf`/`cosf`).
+//! Each output differs from the f64 reference by at most `2^-20 * (|a| + |b|)` where `(a, b)`
+//! is the element's input pair ([`error_bound`]; the measured error is below half of it); the
+//! tail is copied bit for bit. The usual f32 formula `f32(position) * inv_freq` (Hugging Face,
+//! vLLM) is off by up to `ulp(angle) / 2`, about 2e-3 radians at position 32768.
+
+use std::num::NonZeroU64;
+
+use crate::gpu::{Context, STORAGE};
+use crate::pipeline::PipelineKey;
+use crate::shader::{Kernel, Precision, ShaderVariant};
+use crate::{Error, Result};
+
+pub use crate::reference::rope::{RopeConfig, RopeStyle};
+
+crate::wgsl_struct! {
+    /// Mirror of the WGSL `RopeParams` uniform.
+    pub struct RopeParams {
+        /// Rows (tokens * heads) in this dispatch.
+        pub num_rows: u32,
+        /// Heads per token.
+        pub num_heads: u32,
+        /// `head_dim / 2`.
+        pub half_dim: u32,
+        /// `rotary_dim / 2`.
+        pub half_rot: u32,
+        /// 0: NeoX, 1: GPT-J.
+        pub style: u32,
+        /// Invocations along x of the dispatch grid.
+        pub stride_x: u32,
+        /// Padding to 16 bytes.
+        pub _pad0: u32,
+        /// Padding to 16 bytes.
+        pub _pad1: u32,
+    }
+}
+
+/// Invocations per workgroup (the WGSL `@workgroup_size`).
+const WG: u32 = 64;
+
+/// Largest chunk one dispatch binds, whatever the adapter allows: keeps every u32 element
+/// index in the kernel far from overflow.
+const MAX_CHUNK_BYTES: u64 = 1 << 31;
+
+/// Override constants for the naga tests (the kernel has none: shapes are uniform fields).
+pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
+    vec![Vec::new()]
+}
+
+/// Tolerance of the GPU result against [`crate::reference::rope::rope`] for an element whose
+/// input pair is `(a, b)`: `2^-20 * (|a| + |b|)`. Derived from the kernel's arithmetic: the
+/// reduced angle carries at most ~2 f32 roundings of a value within `pi/4` (<= 1.2e-7 rad),
+/// each polynomial is within ~1 ulp of 1 (<= 1.2e-7), and the rotation adds three roundings
+/// (<= 2^-24 each, relative to `|a| + |b|`); the sum is under 5e-7, and 2^-20 is 9.5e-7.
+/// Tail elements (past `rotary_dim`) must be equal bit for bit.
+pub fn error_bound(a: f32, b: f32) -> f64 {
+    (f64::from(a.abs()) + f64::from(b.abs())) * 2f64.powi(-20)
+}
+
+/// The kernel's frequency table: for each pair `i < rotary_dim / 2`, the rotation per token in
+/// turns modulo one, as the 64-bit fixed-point fraction
+/// `round(2^64 * frac(inv_freq[i] / (2 pi)))`, split into `[low word, high word]`. The angle of
+/// position `p` in turns is then `p * F / 2^64` modulo one, exactly, in 64-bit integer
+/// arithmetic (which the kernel emulates with u32 words).
+pub fn turn_table(cfg: &RopeConfig) -> Vec<[u32; 2]> {
+    cfg.inv_freq()
+        .into_iter()
+        .map(|f| {
+            let turns = f / std::f64::consts::TAU;
+            let frac = turns - turns.floor();
+            // Exact scaling by a power of two; round to the nearest unit of 2^-64 turn
+            // (a value that rounds to 2^64 is a whole turn, i.e. 0).
+            let fixed = (frac * 2f64.powi(64)).round() as u128 as u64;
+            [fixed as u32, (fixed >> 32) as u32]
+        })
+        .collect()
+}
+
+fn check_storage(what: &'static str, buffer: &wgpu::Buffer, elems: usize) -> Result<()> {
+    if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+        return Err(Error::InvalidArgument(format!(
+            "{what} was not created with STORAGE usage"
+        )));
+    }
+    let have = buffer.size() / 4;
+    if have < elems as u64 {
+        return Err(Error::ShapeMismatch {
+            what,
+            expected: elems,
+            got: usize::try_from(have).unwrap_or(usize::MAX),
+        });
+    }
+    Ok(())
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// Tokens per dispatch: as many as one storage binding holds, in a multiple that keeps every
+/// chunk's byte offset aligned to `min_storage_buffer_offset_alignment`.
+fn tokens_per_chunk(ctx: &Context, n_tokens: usize, token_bytes: u64) -> Result<usize> {
+    let limit = ctx
+        .caps()
+        .max_storage_buffer_binding_size
+        .min(MAX_CHUNK_BYTES);
+    let mut per = limit / token_bytes;
+    if per == 0 {
+        return Err(Error::TooLarge {
+            what: "one token of the rope input".into(),
+            bytes: token_bytes,
+            limit,
+        });
+    }
+    if per < n_tokens as u64 {
+        let align = u64::from(ctx.device.limits().min_storage_buffer_offset_alignment).max(1);
+        let step = align / gcd(token_bytes, align);
+        per = per / step * step;
+        if per == 0 {
+            return Err(Error::TooLarge {
+                what: format!("a rope chunk of {step} tokens (offsets aligned to {align} bytes)"),
+                bytes: step * token_bytes,
+                limit,
+            });
+        }
+    }
+    Ok(usize::try_from(per).unwrap_or(usize::MAX).min(n_tokens))
+}
+
+/// One dispatch: the uniform, the positions of its tokens, its byte range in `x` and `out`, and
+/// the workgroup grid.
+struct Chunk {
+    uniform: wgpu::Buffer,
+    positions: wgpu::Buffer,
+    offset: u64,
+    bytes: NonZeroU64,
+    grid: [u32; 2],
+}
+
+/// Rotates `x` (`[positions.len(), num_heads, head_dim]` f32, row-major, at the start of the
+/// buffer) into `out`, token `t` at position `positions[t]`. One submission; inputs larger
+/// than one storage binding are processed in chunks of whole tokens.
+///
+/// # Errors
+/// Everything is checked before anything is dispatched, and on error nothing is written:
+/// the configuration ([`RopeConfig::validate`]); [`Error::ShapeMismatch`] when `x` or `out` is
+/// smaller than the tensor; [`Error::InvalidArgument`] when `x` and `out` are the same buffer
+/// or either lacks `STORAGE` usage; [`Error::TooLarge`] when one token exceeds the storage
+/// binding limit; [`Error::Gpu`] or [`Error::Shader`] from wgpu.
+pub fn rope(
+    ctx: &Context,
+    cfg: &RopeConfig,
+    x: &wgpu::Buffer,
+    positions: &[u32],
+    out: &wgpu::Buffer,
+) -> Result<()> {
+    cfg.validate()?;
+    let elems = cfg.elems(positions.len())?;
+    check_storage("rope input buffer x", x, elems)?;
+    check_storage("rope output buffer out", out, elems)?;
+    if x == out {
+        return Err(Error::InvalidArgument(
+            "rope writes out of place: x and out must be different buffers".into(),
+        ));
+    }
+    if positions.is_empty() {
+        return Ok(());
+    }
+    let token_bytes = cfg.token_elems()? as u64 * 4;
+    let per = tokens_per_chunk(ctx, positions.len(), token_bytes)?;
+    let key = PipelineKey::new(
+        ShaderVariant {
+            kernel: Kernel::Rope,
+            precision: Precision::F32,
+        },
+        &[],
+    );
+    let pipeline = ctx.pipeline(&key)?;
+    let turns: Vec<u32> = turn_table(cfg).into_iter().flatten().collect();
+    let turns = ctx.upload("rope turns", &turns)?;
+    let max_groups = ctx.caps().max_compute_workgroups_per_dimension;
+    let mut chunks = Vec::new();
+    for (c, pos) in positions.chunks(per).enumerate() {
+        let rows = pos.len() * cfg.num_heads;
+        let invocations = rows as u64 * (cfg.head_dim / 2) as u64;
+        let groups = invocations.div_ceil(u64::from(WG));
+        let gx = groups.min(u64::from(max_groups)) as u32;
+        let gy = groups.div_ceil(u64::from(gx));
+        if gy > u64::from(max_groups) {
+            return Err(Error::InvalidArgument(format!(
+                "rope: {groups} workgroups exceed the adapter's {max_groups} x {max_groups} grid"
+            )));
+        }
+        let params = RopeParams {
+            num_rows: rows as u32,
+            num_heads: cfg.num_heads as u32,
+            half_dim: (cfg.head_dim / 2) as u32,
+            half_rot: (cfg.rotary_dim / 2) as u32,
+            style: match cfg.style {
+                RopeStyle::NeoX => 0,
+                RopeStyle::GptJ => 1,
+            },
+            stride_x: gx * WG,
+            ..Default::default()
+        };
+        let bytes = pos.len() as u64 * token_bytes;
+        chunks.push(Chunk {
+            uniform: ctx.uniform("rope params", &params),
+            positions: ctx.upload("rope positions", pos)?,
+            offset: (c * per) as u64 * token_bytes,
+            bytes: NonZeroU64::new(bytes)
+                .ok_or_else(|| Error::InvalidArgument("rope: an empty chunk".into()))?,
+            grid: [gx, gy as u32],
+        });
+    }
+    let layout = pipeline.get_bind_group_layout(0);
+    let range = |buffer, chunk: &Chunk| {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer,
+            offset: chunk.offset,
+            size: Some(chunk.bytes),
+        })
+    };
+    ctx.scoped("rope dispatch", || {
+        let mut encoder = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("rope"),
+            });
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            pass.set_pipeline(&pipeline);
+            for chunk in &chunks {
+                let resources = [
+                    chunk.uniform.as_entire_binding(),
+                    range(x, chunk),
+                    chunk.positions.as_entire_binding(),
+                    turns.as_entire_binding(),
+                    range(out, chunk),
+                ];
+                let entries: Vec<wgpu::BindGroupEntry> = resources
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, resource)| wgpu::BindGroupEntry {
+                        binding: i as u32,
+                        resource,
+                    })
+                    .collect();
+                let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("rope"),
+                    layout: &layout,
+                    entries: &entries,
+                });
+                pass.set_bind_group(0, &bind_group, &[]);
+                pass.dispatch_workgroups(chunk.grid[0], chunk.grid[1], 1);
+            }
+        }
+        ctx.queue.submit([encoder.finish()]);
+    })
+}
+
+/// A storage buffer holding `data`, sized by the adapter's buffer limit rather than its binding
+/// limit ([`rope`] binds it in chunks).
+fn storage_buffer(ctx: &Context, label: &str, data: &[f32]) -> Result<wgpu::Buffer> {
+    use wgpu::util::DeviceExt;
+    let bytes = data.len() as u64 * 4;
+    let limit = ctx.caps().max_buffer_size;
+    if bytes > limit {
+        return Err(Error::TooLarge {
+            what: format!("buffer {label}"),
+            bytes,
+            limit,
+        });
+    }
+    Ok(ctx
+        .device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::cast_slice(data),
+            usage: STORAGE,
+        }))
+}
+
+/// [`rope`] on host data: uploads `x` (`[positions.len(), num_heads, head_dim]`), rotates it
+/// into an output pre-filled with NaN (so a missing write shows) and reads the result back.
+///
+/// # Errors
+/// As [`rope`], and [`Error::ShapeMismatch`] when `x` does not hold exactly
+/// `positions.len() * num_heads * head_dim` values.
+pub fn rope_host(
+    ctx: &Context,
+    cfg: &RopeConfig,
+    x: &[f32],
+    positions: &[u32],
+) -> Result<Vec<f32>> {
+    cfg.validate()?;
+    let elems = cfg.elems(positions.len())?;
+    if x.len() != elems {
+        return Err(Error::ShapeMismatch {
+            what: "rope input x",
+            expected: elems,
+            got: x.len(),
+        });
+    }
+    if elems == 0 {
+        return Ok(Vec::new());
+    }
+    let input = storage_buffer(ctx, "rope x", x)?;
+    let out = storage_buffer(ctx, "rope out", &vec![f32::NAN; elems])?;
+    rope(ctx, cfg, &input, positions, &out)?;
+    ctx.read_back(&out, elems)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The kernel's arithmetic emulated on the CPU in f32 (Rust never contracts to FMA), checked
+    //! against f64: the accuracy claim of the module docs, without a GPU.
+
+    use super::*;
+
+    fn mul_hi_u32(a: u32, b: u32) -> u32 {
+        ((u64::from(a) * u64::from(b)) >> 32) as u32
+    }
+
+    /// `shaders/rope.wgsl`'s `sin_cos_turns`, operation for operation.
+    fn sin_cos_turns(position: u32, f: [u32; 2]) -> (f32, f32) {
+        let hi = position
+            .wrapping_mul(f[1])
+            .wrapping_add(mul_hi_u32(position, f[0]));
+        let lo = position.wrapping_mul(f[0]);
+        let shifted = hi.wrapping_add(0x2000_0000);
+        let q = shifted >> 30;
+        let rem = (shifted & 0x3fff_ffff) as i32 - 0x2000_0000;
+        let hi_unit = (std::f64::consts::TAU / 2f64.powi(32)) as f32;
+        let lo_unit = (std::f64::consts::TAU / 2f64.powi(64)) as f32;
+        let r = rem as f32 * hi_unit + lo as f32 * lo_unit;
+        let z = r * r;
+        let s = ((-1.951_529_6e-4 * z + 8.332_161e-3) * z - 1.666_665_5e-1) * z * r + r;
+        let c =
+            ((2.443_315_7e-5 * z - 1.388_731_6e-3) * z + 4.166_664_6e-2) * z * z - 0.5 * z + 1.0;
+        let odd = q & 1 == 1;
+        let (mut sn, mut cs) = if odd { (c, s) } else { (s, c) };
+        if q >= 2 {
+            sn = -sn;
+        }
+        if q == 1 || q == 2 {
+            cs = -cs;
+        }
+        (sn, cs)
+    }
+
+    fn positions() -> Vec<u32> {
+        let mut p: Vec<u32> = (0..3000).collect();
+        p.extend((0..2000).map(|i| 32768 + i * 7919 % 40000));
+        p.extend([(1 << 20) - 1, 1 << 20, 1_000_003]);
+        p
+    }
+
+    #[test]
+    fn mul_hi_from_halves_matches_64_bit_product() {
+        // The WGSL version, in Rust.
+        fn halves(a: u32, b: u32) -> u32 {
+            let (a0, a1, b0, b1) = (a & 0xffff, a >> 16, b & 0xffff, b >> 16);
+            let (p00, p01, p10, p11) = (a0 * b0, a0 * b1, a1 * b0, a1 * b1);
+            let mid = (p00 >> 16) + (p01 & 0xffff) + (p10 & 0xffff);
+            p11 + (p01 >> 16) + (p10 >> 16) + (mid >> 16)
+        }
+        let vals = [
+            0,
+            1,
+            2,
+            0xffff,
+            0x10000,
+            0x1234_5678,
+            0x8000_0000,
+            u32::MAX - 1,
+            u32::MAX,
+        ];
+        for a in vals {
+            for b in vals {
+                assert_eq!(halves(a, b), mul_hi_u32(a, b), "{a:#x} * {b:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn sin_cos_is_accurate_for_every_position_size() {
+        let mut worst: f64 = 0.0;
+        for theta in [1.0e4f32, 5.0e5, 0.4] {
+            let cfg = RopeConfig::new(RopeStyle::NeoX, theta, 128, 1);
+            let inv = cfg.inv_freq();
+            for (i, f) in turn_table(&cfg).into_iter().enumerate() {
+                for p in positions() {
+                    let (s, c) = sin_cos_turns(p, f);
+                    let (ws, wc) = (f64::from(p) * inv[i]).sin_cos();
+                    worst = worst
+                        .max((f64::from(s) - ws).abs())
+                        .max((f64::from(c) - wc).abs());
+                }
+            }
+        }
+        // About 1.5 ulp of 1; the bound in `error_bound` assumes <= 1.2e-7 from the trig
+        // values plus <= 1.2e-7 from the angle.
+        eprintln!("emulated sin/cos: worst error {worst:e}");
+        assert!(worst < 1.8e-7, "worst sin/cos error {worst:e}");
+    }
+
+    #[test]
+    fn huge_positions_reduce_exactly() {
+        // Whole turns: a pair whose table entry is exactly 1/4 turn per token.
+        let quarter = [0u32, 0x4000_0000];
+        for (p, want) in [
+            (0u32, (0.0, 1.0)),
+            (1, (1.0, 0.0)),
+            (2, (0.0, -1.0)),
+            (3, (-1.0, 0.0)),
+        ] {
+            for big in [0u32, 4 << 20, 4_000_000_000] {
+                let (s, c) = sin_cos_turns(p + big, quarter);
+                assert!(
+                    (s - want.0).abs() < 1e-7 && (c - want.1).abs() < 1e-7,
+                    "{p}+{big}"
+                );
+            }
+        }
+        // Against the exact fixed-point angle (not f64's `p * inv_freq`, which loses digits).
+        let cfg = RopeConfig::new(RopeStyle::GptJ, 10000.0, 64, 1);
+        for f in turn_table(&cfg) {
+            let fixed = u64::from(f[0]) | u64::from(f[1]) << 32;
+            for p in [u32::MAX, 3_000_000_000, 123_456_789] {
+                let turns = u64::from(p).wrapping_mul(fixed) as f64 / 2f64.powi(64);
+                let (ws, wc) = (turns * std::f64::consts::TAU).sin_cos();
+                let (s, c) = sin_cos_turns(p, f);
+                assert!((f64::from(s) - ws).abs() < 1.8e-7, "sin at {p}");
+                assert!((f64::from(c) - wc).abs() < 1.8e-7, "cos at {p}");
+            }
+        }
+    }
+
+    #[test]
+    fn emulated_kernel_is_within_the_error_bound() {
+        let mut worst: f64 = 0.0;
+        let mut seed = 0x1234_5678_9abc_def0u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 11) as f64 / (1u64 << 53) as f64 * 8.0 - 4.0) as f32
+        };
+        for style in [RopeStyle::NeoX, RopeStyle::GptJ] {
+            let cfg = RopeConfig::new(style, 10000.0, 64, 1);
+            let table = turn_table(&cfg);
+            let inv = cfg.inv_freq();
+            for p in positions() {
+                for (i, &f) in table.iter().enumerate() {
+                    let (a, b) = (next(), next());
+                    let (s, c) = sin_cos_turns(p, f);
+                    let (ga, gb) = (a * c - b * s, a * s + b * c);
+                    let (ws, wc) = (f64::from(p) * inv[i]).sin_cos();
+                    let (a64, b64) = (f64::from(a), f64::from(b));
+                    let (wa, wb) = ((a64 * wc - b64 * ws) as f32, (a64 * ws + b64 * wc) as f32);
+                    for (g, w) in [(ga, wa), (gb, wb)] {
+                        let err = (f64::from(g) - f64::from(w)).abs();
+                        assert!(err <= error_bound(a, b), "{style:?} p {p} pair {i}");
+                        worst = worst.max(err / error_bound(a, b));
+                    }
+                }
+            }
+        }
+        eprintln!("emulated rope: worst error / bound {worst}");
+        assert!(worst < 0.6, "worst error / bound {worst}");
+    }
+
+    #[test]
+    fn turn_table_matches_the_frequencies() {
+        let cfg = RopeConfig::new(RopeStyle::NeoX, 500000.0, 128, 1);
+        for (f, inv) in turn_table(&cfg).into_iter().zip(cfg.inv_freq()) {
+            let fixed = u64::from(f[0]) | u64::from(f[1]) << 32;
+            let rad = fixed as f64 / 2f64.powi(64) * std::f64::consts::TAU;
+            assert!((rad - inv).abs() <= 1e-15 * inv.max(1e-3), "{rad} vs {inv}");
+        }
+    }
+}
