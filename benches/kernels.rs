@@ -3,7 +3,8 @@
 //! `Context::new()` picks: `cargo bench`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use kvattn::attention::decode::{decode, DecodeArgs, DecodePlan};
+use kvattn::attention::decode::{decode, DecodeArgs};
+use kvattn::attention::paged::tile_rows;
 use kvattn::attention::{AttentionOptions, AttentionShape};
 use kvattn::gpu::Context;
 use kvattn::quant::{encode_rows, KvDtype, ScaleMode};
@@ -59,12 +60,12 @@ fn decode_benches(c: &mut Criterion) {
             out: &out,
             lse: &lse,
         };
-        let plan = DecodePlan::new(&shape, precision);
+        let tile = tile_rows(&shape, precision);
         let id = format!(
             "hd128/g{}/ctx{ctx_len}/seqs{seqs}/{dtype}/{}/tile{}",
             shape.group(),
             precision.name(),
-            plan.tile
+            tile
         );
         group.bench_function(id, |b| {
             b.iter(|| {

@@ -7,6 +7,7 @@ pub mod gpu;
 pub mod pipeline;
 pub mod quant;
 pub mod reference;
+pub mod rope;
 pub mod shader;
 
 pub use error::{Error, Result};

@@ -42,14 +42,19 @@ impl Precision {
 /// A kernel family: one WGSL file in `shaders/` and the Rust module that dispatches it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kernel {
-    /// Decode attention over a contiguous KV cache (`shaders/decode.wgsl`).
-    Decode,
+    /// Attention over a paged (or contiguous) KV cache, decode and prefill
+    /// (`shaders/paged.wgsl`).
+    Paged,
+    /// Merge of split-K partial states (`shaders/merge.wgsl`).
+    Merge,
     /// Dequantize KV rows of any storage format to f32 (`shaders/dequant.wgsl`).
     Dequant,
     /// Write new K/V rows into their pool slots (`shaders/append_kv.wgsl`).
     AppendKv,
     /// Copy whole blocks inside a pool buffer (`shaders/copy_blocks.wgsl`).
     CopyBlocks,
+    /// Rotary position embedding at per-token positions (`shaders/rope.wgsl`).
+    Rope,
 }
 
 /// A host struct's layout as the layout test sees it: WGSL name, field offsets, size.
@@ -61,56 +66,69 @@ fn layout_of<T: WgslStruct>() -> StructLayout {
 
 impl Kernel {
     /// Every kernel family.
-    pub const ALL: [Kernel; 4] = [
-        Kernel::Decode,
+    pub const ALL: [Kernel; 6] = [
+        Kernel::Paged,
+        Kernel::Merge,
         Kernel::Dequant,
         Kernel::AppendKv,
         Kernel::CopyBlocks,
+        Kernel::Rope,
     ];
 
     /// Name used in labels, errors and pipeline keys.
     pub fn name(self) -> &'static str {
         match self {
-            Kernel::Decode => "decode",
+            Kernel::Paged => "paged",
+            Kernel::Merge => "merge",
             Kernel::Dequant => "dequant",
             Kernel::AppendKv => "append_kv",
             Kernel::CopyBlocks => "copy_blocks",
+            Kernel::Rope => "rope",
         }
     }
 
     fn body(self) -> &'static str {
         match self {
-            Kernel::Decode => include_str!("../shaders/decode.wgsl"),
+            Kernel::Paged => include_str!("../shaders/paged.wgsl"),
+            Kernel::Merge => include_str!("../shaders/merge.wgsl"),
             Kernel::Dequant => include_str!("../shaders/dequant.wgsl"),
             Kernel::AppendKv => include_str!("../shaders/append_kv.wgsl"),
             Kernel::CopyBlocks => include_str!("../shaders/copy_blocks.wgsl"),
+            Kernel::Rope => include_str!("../shaders/rope.wgsl"),
         }
     }
 
     fn libs(self) -> &'static [&'static str] {
         match self {
-            Kernel::Decode => &[LIB_KV_FORMAT, LIB_KV_LOAD, LIB_SOFTMAX],
+            Kernel::Paged => &[LIB_KV_FORMAT, LIB_KV_LOAD, LIB_SOFTMAX],
+            Kernel::Merge => &[LIB_SOFTMAX],
             Kernel::Dequant => &[LIB_KV_FORMAT, LIB_KV_LOAD],
             Kernel::AppendKv => &[LIB_KV_FORMAT, LIB_KV_STORE],
             Kernel::CopyBlocks => &[],
+            Kernel::Rope => &[],
         }
     }
 
     /// The precisions this kernel is built in.
     pub fn precisions(self) -> &'static [Precision] {
         match self {
-            Kernel::Decode => &[Precision::F32, Precision::F16],
-            Kernel::Dequant | Kernel::AppendKv | Kernel::CopyBlocks => &[Precision::F32],
+            Kernel::Paged => &[Precision::F32, Precision::F16],
+            Kernel::Merge | Kernel::Dequant | Kernel::AppendKv | Kernel::CopyBlocks => {
+                &[Precision::F32]
+            }
+            Kernel::Rope => &[Precision::F32],
         }
     }
 
     /// The host mirrors of the kernel's WGSL structs (checked against naga's layout).
     pub fn param_structs(self) -> Vec<StructLayout> {
         match self {
-            Kernel::Decode => vec![layout_of::<crate::attention::decode::DecodeParams>()],
+            Kernel::Paged => vec![layout_of::<crate::attention::paged::PagedParams>()],
+            Kernel::Merge => vec![layout_of::<crate::attention::merge::MergeParams>()],
             Kernel::Dequant => vec![layout_of::<crate::quant::dequant::DequantParams>()],
             Kernel::AppendKv => vec![layout_of::<crate::cache::append_kv::AppendParams>()],
             Kernel::CopyBlocks => vec![layout_of::<crate::cache::copy_blocks::CopyParams>()],
+            Kernel::Rope => vec![layout_of::<crate::rope::RopeParams>()],
         }
     }
 
@@ -118,10 +136,12 @@ impl Kernel {
     /// (largest workgroup memory), so validation sees the extremes.
     pub fn representative_constants(self, precision: Precision) -> Vec<Vec<(&'static str, f64)>> {
         match self {
-            Kernel::Decode => crate::attention::decode::representative_constants(precision),
+            Kernel::Paged => crate::attention::paged::representative_constants(precision),
+            Kernel::Merge => crate::attention::merge::representative_constants(),
             Kernel::Dequant => crate::quant::dequant::representative_constants(),
             Kernel::AppendKv => crate::cache::append_kv::representative_constants(),
             Kernel::CopyBlocks => crate::cache::copy_blocks::representative_constants(),
+            Kernel::Rope => crate::rope::representative_constants(),
         }
     }
 }

@@ -1,124 +1,23 @@
-//! Decode attention (one query token per sequence) over a contiguous KV cache
-//! (`shaders/decode.wgsl`).
+//! Decode attention (one query token per sequence) over a contiguous KV cache.
 //!
 //! K and V are laid out as in the FlashAttention varlen convention, `[total_k, Hkv, d]`, in f32,
-//! f16 or bf16 storage (packed into u32 words as DESIGN.md section 5 says). A workgroup serves
-//! one (sequence, KV head, tile of query heads): the whole GQA group when it fits, so each K/V
-//! row is read once per tile.
+//! f16 or bf16 storage (packed into u32 words as DESIGN.md section 5 says). That is exactly a
+//! paged pool with one-token blocks whose block table is the identity, so this runs the paged
+//! kernel ([`super::paged`]): a workgroup serves one (sequence, KV head, split) and the GQA group
+//! of its query (the whole group when it fits workgroup memory), so each K/V row is read once
+//! per tile.
 
+use super::paged::{self, KvGeometry, PagedAttentionArgs, PagedAttentionPlan, SeqSpec};
 use crate::attention::{AttentionOptions, AttentionShape, RaggedBatch};
+use crate::cache::pool::PoolLayout;
 use crate::gpu::Context;
-use crate::pipeline::PipelineKey;
 use crate::quant::{encode_rows, KvDtype, ScaleMode};
 use crate::reference::AttentionOutput;
-use crate::shader::{Kernel, Precision, ShaderVariant};
+use crate::shader::Precision;
 use crate::{Error, Result};
 
-crate::wgsl_struct! {
-    /// Mirror of the WGSL `DecodeParams` uniform.
-    pub struct DecodeParams {
-        /// Sequences in the batch.
-        pub num_seqs: u32,
-        /// Query heads.
-        pub num_q_heads: u32,
-        /// KV heads.
-        pub num_kv_heads: u32,
-        /// Tiles of query heads per KV head.
-        pub q_tiles: u32,
-        /// Score scale.
-        pub scale: f32,
-        /// Logit softcap, 0 for none.
-        pub softcap: f32,
-        /// Sliding window in keys, 0 for none.
-        pub window: u32,
-        /// Bit 0: sinks, bit 1: ALiBi.
-        pub flags: u32,
-    }
-}
-
-/// Invocations per workgroup.
-const WG: u32 = 64;
-/// Largest tile of query heads (the WGSL `MAX_TILE`).
-const MAX_TILE: usize = 16;
-/// Output vec4s each invocation accumulates (the WGSL `MAX_ACC`).
-const MAX_ACC: usize = 8;
-/// Workgroup memory the query tile may take, in bytes.
-const Q_TILE_BYTES: usize = 8192;
-
-/// How a decode call is split into workgroups, derived from the shape alone (never from the
-/// batch, so results do not depend on what else is batched).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DecodePlan {
-    /// Query heads per workgroup.
-    pub tile: usize,
-    /// Tiles per KV head.
-    pub q_tiles: usize,
-}
-
-impl DecodePlan {
-    /// The plan for `shape` in `precision`: the largest tile of the group whose query rows fit
-    /// the workgroup-memory budget and whose outputs fit the invocations' accumulators, with
-    /// the group split into tiles of equal size.
-    pub fn new(shape: &AttentionShape, precision: Precision) -> Self {
-        let bytes = match precision {
-            Precision::F32 => 4,
-            Precision::F16 => 2,
-        };
-        let group = shape.group();
-        let by_memory = Q_TILE_BYTES / (shape.head_dim_qk * bytes);
-        let by_acc = MAX_ACC * 4 * WG as usize / shape.head_dim_v;
-        let max_tile = MAX_TILE.min(by_memory).min(by_acc).max(1);
-        let q_tiles = group.div_ceil(max_tile);
-        Self {
-            tile: group.div_ceil(q_tiles),
-            q_tiles,
-        }
-    }
-
-    fn constants(
-        &self,
-        shape: &AttentionShape,
-        k: KvDtype,
-        v: KvDtype,
-    ) -> Vec<(&'static str, f64)> {
-        vec![
-            ("WG", f64::from(WG)),
-            ("GROUP", shape.group() as f64),
-            ("TILE", self.tile as f64),
-            ("K_DIM", shape.head_dim_qk as f64),
-            ("V_DIM", shape.head_dim_v as f64),
-            ("K_DTYPE", f64::from(k.code())),
-            ("V_DTYPE", f64::from(v.code())),
-        ]
-    }
-}
-
-/// Override constants for the shapes the naga tests validate: small and large heads, MHA, GQA
-/// and MQA, in every storage format this kernel reads.
-pub fn representative_constants(precision: Precision) -> Vec<Vec<(&'static str, f64)>> {
-    let shapes = [
-        (1, 1, 64, 64),
-        (32, 8, 128, 128),
-        (32, 1, 256, 256),
-        (8, 1, 80, 96),
-        (16, 1, 1024, 1024),
-    ];
-    let mut sets = Vec::new();
-    for (i, &(hq, hkv, dk, dv)) in shapes.iter().enumerate() {
-        let shape = AttentionShape {
-            num_q_heads: hq,
-            num_kv_heads: hkv,
-            head_dim_qk: dk,
-            head_dim_v: dv,
-        };
-        let dtype = SUPPORTED[i % SUPPORTED.len()];
-        sets.push(DecodePlan::new(&shape, precision).constants(&shape, dtype, dtype));
-    }
-    sets
-}
-
 /// Storage formats this kernel reads.
-pub const SUPPORTED: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
+pub const SUPPORTED: [KvDtype; 3] = paged::SUPPORTED;
 
 /// GPU buffers and metadata of one decode call.
 #[derive(Debug, Clone, Copy)]
@@ -211,48 +110,45 @@ impl DecodeArgs<'_> {
 /// Runs decode attention; writes `out` and `lse`. Nothing is dispatched if validation fails.
 pub fn decode(ctx: &Context, args: &DecodeArgs) -> Result<()> {
     args.validate(ctx)?;
-    let shape = &args.shape;
-    let opts = args.options;
-    let plan = DecodePlan::new(shape, args.precision);
-    let num_seqs = args.cu_seqlens_k.len() - 1;
-
-    let mut meta: Vec<u32> = args.cu_seqlens_k.to_vec();
-    let zeros = vec![0.0f32; shape.num_q_heads];
-    let sinks = opts.sinks.as_deref().unwrap_or(&zeros);
-    let slopes = opts.alibi_slopes.as_deref().unwrap_or(&zeros);
-    meta.extend(sinks.iter().chain(slopes).map(|x| x.to_bits()));
-    let flags = u32::from(opts.sinks.is_some()) | (u32::from(opts.alibi_slopes.is_some()) << 1);
-    let params = DecodeParams {
-        num_seqs: num_seqs as u32,
-        num_q_heads: shape.num_q_heads as u32,
-        num_kv_heads: shape.num_kv_heads as u32,
-        q_tiles: plan.q_tiles as u32,
-        scale: opts.scale_for(shape),
-        softcap: opts.softcap.unwrap_or(0.0),
-        window: u32::try_from(opts.sliding_window.unwrap_or(0)).unwrap_or(u32::MAX),
-        flags,
+    let shape = args.shape;
+    let cu = args.cu_seqlens_k;
+    let total_k = cu[cu.len() - 1] as usize;
+    let seqs: Vec<SeqSpec> = cu
+        .windows(2)
+        .enumerate()
+        .map(|(i, w)| SeqSpec {
+            q_base: i,
+            len_q: 1,
+            len_k: (w[1] - w[0]) as usize,
+            table: (w[0]..w[1]).collect(),
+        })
+        .collect();
+    let layout = |dtype, head_dim| PoolLayout {
+        num_kv_heads: shape.num_kv_heads,
+        head_dim,
+        dtype,
+        block_size: 1,
     };
-
-    let key = PipelineKey::new(
-        ShaderVariant {
-            kernel: Kernel::Decode,
+    let geometry = KvGeometry {
+        k: layout(args.k_dtype, shape.head_dim_qk),
+        v: layout(args.v_dtype, shape.head_dim_v),
+        blocks_per_buffer: total_k,
+        num_buffers: 1,
+    };
+    let plan = PagedAttentionPlan::from_specs(
+        ctx,
+        &PagedAttentionArgs {
+            layer: 0,
+            batch: &[],
+            shape,
+            options: args.options,
             precision: args.precision,
         },
-        &plan.constants(shape, args.k_dtype, args.v_dtype),
-    );
-    let pipeline = ctx.pipeline(&key)?;
-    let uniform = ctx.uniform("decode params", &params);
-    let meta = ctx.upload("decode meta", &meta)?;
-    let workgroups = [
-        (shape.num_kv_heads * plan.q_tiles) as u32,
-        num_seqs as u32,
-        1,
-    ];
-    ctx.dispatch(
-        &pipeline,
-        &[&uniform, args.q, args.k, args.v, &meta, args.out, args.lse],
-        workgroups,
-    )
+        &geometry,
+        &seqs,
+        paged::SPLIT_TOKENS,
+    )?;
+    plan.run_on(ctx, &[(args.k, args.v)], args.q, args.out, args.lse)
 }
 
 /// Storage formats and kernel precision of a [`decode_batch`] call.

@@ -1,5 +1,6 @@
 //! Attention kernels over a KV cache, and the problem description they share with the reference.
 pub mod decode;
+pub mod merge;
 pub mod paged;
 pub mod spec;
 

@@ -1,14 +1,144 @@
-//! Attention over the paged cache: decode (`len_q == 1`) and chunked prefill (`len_q >= 1`) in
-//! one kernel family, with split-K over fixed token ranges and pool buffers, merged by
-//! (o, lse). Plan once per batch from the block tables, run per layer.
+//! Attention over the paged cache (`shaders/paged.wgsl`, merged by `shaders/merge.wgsl`):
+//! decode (`len_q == 1`) and chunked prefill (`len_q >= 1`) in one kernel family.
+//!
+//! A query row is one (query token, query head). The rows of a sequence that share a KV head
+//! are cut into tiles (the whole GQA group of a decode token when it fits workgroup memory; a few
+//! tokens times the group for prefill). Each tile's visible key range is cut at fixed token
+//! splits ([`SPLIT_TOKENS`], split-K) and where the sequence's blocks change pool buffer (a pool
+//! larger than one binding is split over buffers; each buffer is one more split, DESIGN.md
+//! section 4). A workgroup computes a partial (o, lse) per row for one (work item, KV head); the
+//! merge kernel combines a row's partials in key order and adds the sinks once.
+//!
+//! Splits depend only on a sequence's own length and block table, never on the rest of the
+//! batch, and rows never interact, so a row's output is bitwise the same alone or batched.
+//!
+//! [`PagedAttentionPlan`] is built once per batch (block tables, work items and their GPU
+//! buffers) and [`PagedAttentionPlan::run`] runs per layer.
 
 use super::{AttentionOptions, AttentionShape};
+use crate::attention::merge::{merge, MergeArgs};
 use crate::cache::allocator::SeqId;
 use crate::cache::paged::PagedKvCache;
+use crate::cache::pool::PoolLayout;
 use crate::gpu::Context;
+use crate::pipeline::PipelineKey;
+use crate::quant::KvDtype;
 use crate::reference::AttentionOutput;
-use crate::shader::Precision;
+use crate::shader::{Kernel, Precision, ShaderVariant};
 use crate::{Error, Result};
+
+/// Keys per split-K split. Fixed, so a row's reduction order never depends on the batch.
+pub const SPLIT_TOKENS: usize = 512;
+/// Invocations per workgroup.
+const WG: u32 = 64;
+/// Largest tile of rows (the WGSL `MAX_TILE`).
+const MAX_TILE: usize = 16;
+/// Output vec4s each invocation accumulates (the WGSL `MAX_ACC`).
+const MAX_ACC: usize = 8;
+/// Workgroup memory the query tile may take, in bytes.
+const Q_TILE_BYTES: usize = 8192;
+/// Words of one work item, one sequence record and one merge tile in the metadata buffer.
+const ITEM_WORDS: usize = 8;
+const SEQ_WORDS: usize = 4;
+const TILE_WORDS: usize = 5;
+
+crate::wgsl_struct! {
+    /// Mirror of the WGSL `PagedParams` uniform.
+    pub struct PagedParams {
+        /// Query heads.
+        pub num_q_heads: u32,
+        /// KV heads.
+        pub num_kv_heads: u32,
+        /// Token slots per block.
+        pub block_size: u32,
+        /// First global block of the bound pool buffer.
+        pub first_block: u32,
+        /// Score scale.
+        pub scale: f32,
+        /// Logit softcap, 0 for none.
+        pub softcap: f32,
+        /// Sliding window, 0 for none.
+        pub window: u32,
+        /// Bit 0: causal, bit 1: ALiBi.
+        pub flags: u32,
+        /// Offset of the work items in the metadata.
+        pub items_at: u32,
+        /// Offset of the sequence records.
+        pub seqs_at: u32,
+        /// Offset of the ALiBi slopes.
+        pub slopes_at: u32,
+        /// Offset of this dispatch's item list.
+        pub list_at: u32,
+        /// Items in this dispatch.
+        pub list_len: u32,
+        /// Padding.
+        pub _pad0: u32,
+        /// Padding.
+        pub _pad1: u32,
+        /// Padding.
+        pub _pad2: u32,
+    }
+}
+
+/// Rows per tile for `shape` in `precision`: as many as fit the query-tile memory budget and the
+/// invocations' accumulators, at most 16. Depends on the shape alone.
+pub fn tile_rows(shape: &AttentionShape, precision: Precision) -> usize {
+    let bytes = match precision {
+        Precision::F32 => 4,
+        Precision::F16 => 2,
+    };
+    let by_memory = Q_TILE_BYTES / (shape.head_dim_qk * bytes);
+    let by_acc = MAX_ACC * 4 * WG as usize / shape.head_dim_v;
+    MAX_TILE.min(by_memory).min(by_acc).max(1)
+}
+
+/// Override constants of the attention kernel.
+pub(crate) fn constants(
+    shape: &AttentionShape,
+    precision: Precision,
+    k: KvDtype,
+    v: KvDtype,
+) -> Vec<(&'static str, f64)> {
+    vec![
+        ("WG", f64::from(WG)),
+        ("GROUP", shape.group() as f64),
+        ("TILE", tile_rows(shape, precision) as f64),
+        ("K_DIM", shape.head_dim_qk as f64),
+        ("V_DIM", shape.head_dim_v as f64),
+        ("K_DTYPE", f64::from(k.code())),
+        ("V_DTYPE", f64::from(v.code())),
+    ]
+}
+
+/// Override constants the naga tests validate: small and large heads, MHA, GQA, MQA, d_v != d_qk.
+pub fn representative_constants(precision: Precision) -> Vec<Vec<(&'static str, f64)>> {
+    let shapes = [
+        (1, 1, 64, 64),
+        (32, 8, 128, 128),
+        (32, 1, 256, 256),
+        (8, 1, 80, 96),
+        (16, 2, 192, 128),
+        (16, 1, 1024, 1024),
+    ];
+    let dtypes = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(hq, hkv, dk, dv))| {
+            let shape = AttentionShape {
+                num_q_heads: hq,
+                num_kv_heads: hkv,
+                head_dim_qk: dk,
+                head_dim_v: dv,
+            };
+            let d = dtypes[i % dtypes.len()];
+            constants(&shape, precision, d, d)
+        })
+        .collect()
+}
+
+/// Storage formats the attention kernels read today.
+pub const SUPPORTED: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
 
 /// One sequence of a batch: its queries are its last `len_q` cached tokens (bottom-right
 /// alignment: `len_k` is the sequence's length in the cache, so append the chunk's K/V first).
@@ -35,6 +165,428 @@ pub struct PagedAttentionArgs<'a> {
     pub precision: Precision,
 }
 
+/// A sequence as the planner sees it: where its queries start, its lengths, its block table.
+#[derive(Debug, Clone)]
+pub(crate) struct SeqSpec {
+    pub q_base: usize,
+    pub len_q: usize,
+    pub len_k: usize,
+    pub table: Vec<u32>,
+}
+
+/// Everything about the KV storage the planner and the kernel need.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvGeometry {
+    pub k: PoolLayout,
+    pub v: PoolLayout,
+    /// Blocks per pool buffer (the same for K and V).
+    pub blocks_per_buffer: usize,
+    pub num_buffers: usize,
+}
+
+/// A batch planned once from its block tables; [`run`](Self::run) per layer.
+#[derive(Debug)]
+pub struct PagedAttentionPlan {
+    shape: AttentionShape,
+    precision: Precision,
+    geometry: KvGeometry,
+    scale: f32,
+    softcap: f32,
+    window: u32,
+    flags: u32,
+    sinks: bool,
+    total_q: usize,
+    num_items: usize,
+    num_tiles: usize,
+    items_at: usize,
+    seqs_at: usize,
+    slopes_at: usize,
+    tiles_at: usize,
+    sinks_at: usize,
+    /// (buffer, list offset, list length) per dispatch.
+    dispatches: Vec<(usize, usize, usize)>,
+    meta: wgpu::Buffer,
+    o_part: wgpu::Buffer,
+    lse_part: wgpu::Buffer,
+}
+
+fn check_shape_and_options(
+    ctx: &Context,
+    shape: &AttentionShape,
+    options: &AttentionOptions,
+    geometry: &KvGeometry,
+    precision: Precision,
+) -> Result<()> {
+    shape.validate()?;
+    options.validate(shape)?;
+    for (name, layout) in [("K", geometry.k), ("V", geometry.v)] {
+        if !SUPPORTED.contains(&layout.dtype) {
+            return Err(Error::InvalidArgument(format!(
+                "{name} dtype {}: the attention kernels read f32, f16 or bf16 for now",
+                layout.dtype
+            )));
+        }
+    }
+    geometry.k.dtype.check_head_dim(shape.head_dim_qk)?;
+    geometry.v.dtype.check_head_dim(shape.head_dim_v)?;
+    if shape.num_kv_heads != geometry.k.num_kv_heads
+        || shape.head_dim_qk != geometry.k.head_dim
+        || shape.head_dim_v != geometry.v.head_dim
+    {
+        return Err(Error::InvalidArgument(format!(
+            "shape {shape:?} does not match the cache ({} KV heads, head dims {} and {})",
+            geometry.k.num_kv_heads, geometry.k.head_dim, geometry.v.head_dim
+        )));
+    }
+    if precision == Precision::F16 && !ctx.caps().shader_f16 {
+        return Err(Error::MissingFeature("shader-f16"));
+    }
+    Ok(())
+}
+
+impl PagedAttentionPlan {
+    /// Plans `args.batch` over `cache`: checks every sequence (known, `1 <= len_q <= len_k`),
+    /// cuts the work items and uploads the metadata. Valid for every layer until the block
+    /// tables change (the next append, fork, free or swap).
+    pub fn new(ctx: &Context, cache: &PagedKvCache, args: &PagedAttentionArgs) -> Result<Self> {
+        Self::with_split_tokens(ctx, cache, args, SPLIT_TOKENS)
+    }
+
+    /// [`new`](Self::new) with another split-K size (keys per split, at least 1). Keep one value
+    /// for a deployment: results are bitwise reproducible only for the same split.
+    pub fn with_split_tokens(
+        ctx: &Context,
+        cache: &PagedKvCache,
+        args: &PagedAttentionArgs,
+        split_tokens: usize,
+    ) -> Result<Self> {
+        let c = cache.config();
+        let pools = cache.layer(0)?;
+        let geometry = KvGeometry {
+            k: c.k_layout(),
+            v: c.v_layout(),
+            blocks_per_buffer: pools.k.blocks_per_buffer(),
+            num_buffers: pools.k.buffers().len(),
+        };
+        if args.batch.is_empty() {
+            return Err(Error::InvalidArgument("an empty batch".into()));
+        }
+        let mut seqs = Vec::with_capacity(args.batch.len());
+        let mut q_base = 0;
+        for query in args.batch {
+            let len_k = cache.allocator().len(query.seq)?;
+            seqs.push(SeqSpec {
+                q_base,
+                len_q: query.len_q,
+                len_k,
+                table: cache.allocator().blocks(query.seq)?.to_vec(),
+            });
+            q_base += query.len_q;
+        }
+        Self::from_specs(ctx, args, &geometry, &seqs, split_tokens)
+    }
+
+    pub(crate) fn from_specs(
+        ctx: &Context,
+        args: &PagedAttentionArgs,
+        geometry: &KvGeometry,
+        seqs: &[SeqSpec],
+        split_tokens: usize,
+    ) -> Result<Self> {
+        if split_tokens == 0 {
+            return Err(Error::InvalidArgument(
+                "split-K needs at least one key per split".into(),
+            ));
+        }
+        let shape = args.shape;
+        let opts = args.options;
+        check_shape_and_options(ctx, &shape, opts, geometry, args.precision)?;
+        let bs = geometry.k.block_size;
+        for (i, s) in seqs.iter().enumerate() {
+            if s.len_q == 0 || s.len_k == 0 || s.len_q > s.len_k {
+                return Err(Error::InvalidArgument(format!(
+                    "sequence {i}: need 1 <= len_q <= len_k, got len_q {} and len_k {}",
+                    s.len_q, s.len_k
+                )));
+            }
+            if s.table.len() * bs < s.len_k {
+                return Err(Error::InvalidArgument(format!(
+                    "sequence {i}: {} blocks cannot hold {} tokens",
+                    s.table.len(),
+                    s.len_k
+                )));
+            }
+        }
+        let group = shape.group();
+        let tile = tile_rows(&shape, args.precision);
+        let window = opts.sliding_window.filter(|_| opts.causal);
+        let bpb = geometry.blocks_per_buffer;
+
+        // Work items in (sequence, tile, key) order; merge tiles point at their run of items.
+        let mut items: Vec<[u32; ITEM_WORDS]> = Vec::new();
+        let mut item_buffer: Vec<usize> = Vec::new();
+        let mut tiles: Vec<[u32; TILE_WORDS]> = Vec::new();
+        for (si, s) in seqs.iter().enumerate() {
+            let rows = s.len_q * group;
+            let mut row0 = 0;
+            while row0 < rows {
+                let n = tile.min(rows - row0);
+                // Positions of the tile's first and last query.
+                let first_pos = row0 / group + s.len_k - s.len_q;
+                let last_pos = (row0 + n - 1) / group + s.len_k - s.len_q;
+                let (lo, hi) = if opts.causal {
+                    let lo = window.map_or(0, |w| (first_pos + 1).saturating_sub(w));
+                    (lo, last_pos + 1)
+                } else {
+                    (0, s.len_k)
+                };
+                let first_item = items.len();
+                let mut k0 = lo;
+                while k0 < hi {
+                    let buffer = s.table[k0 / bs] as usize / bpb;
+                    let mut k1 = ((k0 / split_tokens + 1) * split_tokens).min(hi);
+                    // End the item where the blocks leave this buffer.
+                    let mut k = (k0 / bs + 1) * bs;
+                    while k < k1 {
+                        if s.table[k / bs] as usize / bpb != buffer {
+                            k1 = k;
+                            break;
+                        }
+                        k += bs;
+                    }
+                    items.push([
+                        si as u32,
+                        row0 as u32,
+                        n as u32,
+                        k0 as u32,
+                        k1 as u32,
+                        0,
+                        0,
+                        0,
+                    ]);
+                    item_buffer.push(buffer);
+                    k0 = k1;
+                }
+                tiles.push([
+                    s.q_base as u32,
+                    row0 as u32,
+                    n as u32,
+                    first_item as u32,
+                    (items.len() - first_item) as u32,
+                ]);
+                // Rows of a tile are relative to the sequence: q_base locates them.
+                row0 += n;
+            }
+        }
+
+        // Metadata: items, sequences, slopes, sinks, merge tiles, block tables, item lists.
+        let mut meta: Vec<u32> = Vec::new();
+        let items_at = meta.len();
+        meta.extend(items.iter().flatten());
+        let seqs_at = meta.len();
+        let tables_at = seqs_at + seqs.len() * SEQ_WORDS;
+        let mut table_at = tables_at + 2 * shape.num_q_heads + tiles.len() * TILE_WORDS;
+        for s in seqs {
+            meta.extend([
+                s.q_base as u32,
+                s.len_q as u32,
+                s.len_k as u32,
+                table_at as u32,
+            ]);
+            table_at += s.table.len();
+        }
+        let slopes_at = meta.len();
+        let zeros = vec![0.0f32; shape.num_q_heads];
+        meta.extend(
+            opts.alibi_slopes
+                .as_deref()
+                .unwrap_or(&zeros)
+                .iter()
+                .map(|x| x.to_bits()),
+        );
+        let sinks_at = meta.len();
+        meta.extend(
+            opts.sinks
+                .as_deref()
+                .unwrap_or(&zeros)
+                .iter()
+                .map(|x| x.to_bits()),
+        );
+        let tiles_at = meta.len();
+        meta.extend(tiles.iter().flatten());
+        debug_assert_eq!(
+            meta.len(),
+            tables_at + 2 * shape.num_q_heads + tiles.len() * TILE_WORDS
+        );
+        for s in seqs {
+            meta.extend(&s.table);
+        }
+        let max_x = ctx.caps().max_compute_workgroups_per_dimension as usize;
+        let mut dispatches = Vec::new();
+        for buffer in 0..geometry.num_buffers {
+            let ids: Vec<u32> = (0..items.len())
+                .filter(|&i| item_buffer[i] == buffer)
+                .map(|i| i as u32)
+                .collect();
+            for chunk in ids.chunks(max_x) {
+                dispatches.push((buffer, meta.len(), chunk.len()));
+                meta.extend(chunk);
+            }
+        }
+        if tiles.len() > max_x {
+            return Err(Error::InvalidArgument(format!(
+                "{} row tiles exceed the adapter's {max_x} workgroups per dimension; split the batch",
+                tiles.len()
+            )));
+        }
+
+        let total_q = seqs.iter().map(|s| s.len_q).sum();
+        let hkv = shape.num_kv_heads;
+        let part_rows = items.len() * hkv * tile;
+        let plan = Self {
+            shape,
+            precision: args.precision,
+            geometry: *geometry,
+            scale: opts.scale_for(&shape),
+            softcap: opts.softcap.unwrap_or(0.0),
+            window: u32::try_from(window.unwrap_or(0)).unwrap_or(u32::MAX),
+            flags: u32::from(opts.causal) | (u32::from(opts.alibi_slopes.is_some()) << 1),
+            sinks: opts.sinks.is_some(),
+            total_q,
+            num_items: items.len(),
+            num_tiles: tiles.len(),
+            items_at,
+            seqs_at,
+            slopes_at,
+            tiles_at,
+            sinks_at,
+            dispatches,
+            meta: ctx.upload("attention plan", &meta)?,
+            o_part: ctx.filled("partial o", part_rows * shape.head_dim_v, f32::NAN)?,
+            lse_part: ctx.filled("partial lse", part_rows, f32::NAN)?,
+        };
+        Ok(plan)
+    }
+
+    /// Query rows (tokens) of the batch.
+    pub fn total_q(&self) -> usize {
+        self.total_q
+    }
+
+    /// Work items (partial states per KV head) the plan cut.
+    pub fn num_items(&self) -> usize {
+        self.num_items
+    }
+
+    fn pipeline_key(&self, kernel: Kernel) -> PipelineKey {
+        let precision = if kernel == Kernel::Merge {
+            Precision::F32
+        } else {
+            self.precision
+        };
+        let constants = match kernel {
+            Kernel::Merge => crate::attention::merge::constants(&self.shape, self.precision),
+            _ => constants(
+                &self.shape,
+                self.precision,
+                self.geometry.k.dtype,
+                self.geometry.v.dtype,
+            ),
+        };
+        PipelineKey::new(ShaderVariant { kernel, precision }, &constants)
+    }
+
+    /// Runs the batch on one layer's pools: `pools[b]` is the (K, V) buffer pair `b`. `q` is
+    /// `[total_q, Hq, d_qk]` f32; writes `out` `[total_q, Hq, d_v]` and `lse` `[total_q, Hq]`.
+    pub(crate) fn run_on(
+        &self,
+        ctx: &Context,
+        pools: &[(&wgpu::Buffer, &wgpu::Buffer)],
+        q: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        lse: &wgpu::Buffer,
+    ) -> Result<()> {
+        let s = &self.shape;
+        let need = |what: &str, buffer: &wgpu::Buffer, elems: usize| -> Result<()> {
+            let bytes = (elems * 4) as u64;
+            if buffer.size() < bytes {
+                return Err(Error::InvalidArgument(format!(
+                    "{what} buffer holds {} bytes, the batch needs {bytes}",
+                    buffer.size()
+                )));
+            }
+            Ok(())
+        };
+        need("q", q, self.total_q * s.num_q_heads * s.head_dim_qk)?;
+        need("out", out, self.total_q * s.num_q_heads * s.head_dim_v)?;
+        need("lse", lse, self.total_q * s.num_q_heads)?;
+        if pools.len() != self.geometry.num_buffers {
+            return Err(Error::InvalidArgument(format!(
+                "{} pool buffers given, the plan was made for {}",
+                pools.len(),
+                self.geometry.num_buffers
+            )));
+        }
+        let pipeline = ctx.pipeline(&self.pipeline_key(Kernel::Paged))?;
+        for &(buffer, list_at, list_len) in &self.dispatches {
+            let params = PagedParams {
+                num_q_heads: s.num_q_heads as u32,
+                num_kv_heads: s.num_kv_heads as u32,
+                block_size: self.geometry.k.block_size as u32,
+                first_block: (buffer * self.geometry.blocks_per_buffer) as u32,
+                scale: self.scale,
+                softcap: self.softcap,
+                window: self.window,
+                flags: self.flags,
+                items_at: self.items_at as u32,
+                seqs_at: self.seqs_at as u32,
+                slopes_at: self.slopes_at as u32,
+                list_at: list_at as u32,
+                list_len: list_len as u32,
+                ..Default::default()
+            };
+            let uniform = ctx.uniform("paged params", &params);
+            let (k, v) = pools[buffer];
+            ctx.dispatch(
+                &pipeline,
+                &[&uniform, q, k, v, &self.meta, &self.o_part, &self.lse_part],
+                [list_len as u32, s.num_kv_heads as u32, 1],
+            )?;
+        }
+        let merge_pipeline = ctx.pipeline(&self.pipeline_key(Kernel::Merge))?;
+        merge(
+            ctx,
+            &MergeArgs {
+                pipeline: &merge_pipeline,
+                shape: s,
+                meta: &self.meta,
+                tiles_at: self.tiles_at,
+                num_tiles: self.num_tiles,
+                sinks_at: self.sinks.then_some(self.sinks_at),
+                o_part: &self.o_part,
+                lse_part: &self.lse_part,
+                out,
+                lse,
+            },
+        )
+    }
+
+    /// Runs the batch on `layer` of `cache` (the cache the plan was made from).
+    pub fn run(
+        &self,
+        ctx: &Context,
+        cache: &PagedKvCache,
+        layer: usize,
+        q: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        lse: &wgpu::Buffer,
+    ) -> Result<()> {
+        let pools = cache.layer(layer)?;
+        let pairs: Vec<_> = pools.k.buffers().iter().zip(pools.v.buffers()).collect();
+        self.run_on(ctx, &pairs, q, out, lse)
+    }
+}
+
 /// Runs attention over `cache` with host queries `q` (`[total_q, Hq, d_qk]`, rows in batch
 /// order) and reads `out` (`[total_q, Hq, d_v]`) and `lse` (`[total_q, Hq]`) back.
 pub fn paged_attention_host(
@@ -43,6 +595,22 @@ pub fn paged_attention_host(
     args: &PagedAttentionArgs,
     q: &[f32],
 ) -> Result<AttentionOutput> {
-    let _ = (ctx, cache, args, q);
-    Err(Error::InvalidArgument("paged attention is not implemented yet".into()))
+    let plan = PagedAttentionPlan::new(ctx, cache, args)?;
+    let s = &args.shape;
+    let rows = plan.total_q() * s.num_q_heads;
+    if q.len() != rows * s.head_dim_qk {
+        return Err(Error::ShapeMismatch {
+            what: "q",
+            expected: rows * s.head_dim_qk,
+            got: q.len(),
+        });
+    }
+    let qb = ctx.upload("q", q)?;
+    let out = ctx.filled("out", rows * s.head_dim_v, f32::NAN)?;
+    let lse = ctx.filled("lse", rows, f32::NAN)?;
+    plan.run(ctx, cache, args.layer, &qb, &out, &lse)?;
+    Ok(AttentionOutput {
+        out: ctx.read_back(&out, rows * s.head_dim_v)?,
+        lse: ctx.read_back(&lse, rows)?,
+    })
 }

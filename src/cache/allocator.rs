@@ -614,6 +614,36 @@ impl BlockAllocator {
         self.queue.iter()
     }
 
+    /// Reorders the free queue by a permutation that depends only on `seed` and the queue's
+    /// current contents, so that later allocations take physical blocks in a scattered order
+    /// (tests and `kvattn run` use it to check that kernels follow the block tables). Free blocks
+    /// without a cache entry are shuffled among themselves and stay in front; free cached blocks
+    /// keep their least-recently-freed order behind them, so eviction stays LRU. Nothing else
+    /// changes.
+    pub fn shuffle_free_queue(&mut self, seed: u64) {
+        let (mut plain, cached): (Vec<u32>, Vec<u32>) =
+            self.queue.iter().partition(|&b| !self.cache.is_cached(b));
+        // Fisher-Yates driven by splitmix64.
+        let mut state = seed;
+        let mut next = move || {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        for i in (1..plain.len()).rev() {
+            let j = (next() % (i as u64 + 1)) as usize;
+            plain.swap(i, j);
+        }
+        for &b in plain.iter().chain(&cached) {
+            self.queue.remove(b);
+        }
+        for &b in plain.iter().chain(&cached) {
+            self.queue.push_back(b);
+        }
+    }
+
     /// Releases `seq`'s blocks and reservation like [`free`](Self::free) and returns what
     /// [`swap_in`](Self::swap_in) needs. Copy the sequence's KV to the host BEFORE calling this:
     /// its blocks may be reused by the next allocation.
@@ -1417,5 +1447,50 @@ mod tests {
         assert_eq!(a.refcount(99), 0);
         assert!(!a.is_cached(99));
         assert!(a.contains(1) && !a.contains(2));
+    }
+
+    #[test]
+    fn shuffle_free_queue_permutes_deterministically() {
+        let mut a = alloc(64, 4);
+        let before: Vec<BlockId> = a.free_queue().collect();
+        a.shuffle_free_queue(7);
+        let after: Vec<BlockId> = a.free_queue().collect();
+        a.check_invariants().unwrap();
+        assert_ne!(after, before, "a shuffle of 64 blocks moves something");
+        let mut sorted = after.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, before, "a permutation of the same blocks");
+        let mut b = alloc(64, 4);
+        b.shuffle_free_queue(7);
+        assert_eq!(
+            b.free_queue().collect::<Vec<_>>(),
+            after,
+            "same seed, same order"
+        );
+        b.shuffle_free_queue(8);
+        b.check_invariants().unwrap();
+        // Allocation follows the shuffled queue.
+        a.add_sequence(1, &[]).unwrap();
+        let plan = a.append(1, &[1; 12]).unwrap();
+        assert_eq!(a.blocks(1).unwrap(), &after[..3]);
+        assert_eq!(plan.slots[4], after[1] * 4);
+        a.check_invariants().unwrap();
+
+        // Free cached blocks keep their LRU order behind the uncached ones.
+        let mut c = alloc(8, 2);
+        c.add_sequence(1, &[]).unwrap();
+        c.append(1, &[1, 2, 3, 4, 5]).unwrap();
+        c.free(1).unwrap();
+        let cached: Vec<BlockId> = c.free_queue().filter(|&b| c.is_cached(b)).collect();
+        assert_eq!(cached.len(), 2);
+        c.shuffle_free_queue(3);
+        c.check_invariants().unwrap();
+        let q: Vec<BlockId> = c.free_queue().collect();
+        assert_eq!(q.len(), 8);
+        assert_eq!(&q[6..], &cached[..]);
+        assert!(q[..6].iter().all(|&b| !c.is_cached(b)));
+        // A prefix hit still finds them.
+        assert_eq!(c.add_sequence(2, &[1, 2, 3, 4, 5]).unwrap(), 4);
+        c.check_invariants().unwrap();
     }
 }

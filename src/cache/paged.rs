@@ -164,11 +164,17 @@ impl PagedKvCache {
             block_size: config.block_size,
             prefix_caching: config.prefix_caching,
         })?;
+        // K and V split at the same block ids, so the kernels bind buffer b of each together.
+        let per_buffer = BlockPool::max_blocks_per_buffer(ctx, &config.k_layout())?
+            .min(BlockPool::max_blocks_per_buffer(ctx, &config.v_layout())?);
+        let pool = |layout, name: String| {
+            BlockPool::with_blocks_per_buffer(ctx, layout, num_blocks, per_buffer, &name)
+        };
         let layers = (0..config.layers)
             .map(|l| {
                 Ok(LayerPools {
-                    k: BlockPool::new(ctx, config.k_layout(), num_blocks, &format!("k pool {l}"))?,
-                    v: BlockPool::new(ctx, config.v_layout(), num_blocks, &format!("v pool {l}"))?,
+                    k: pool(config.k_layout(), format!("k pool {l}"))?,
+                    v: pool(config.v_layout(), format!("v pool {l}"))?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -209,6 +215,12 @@ impl PagedKvCache {
     /// Whether a new sequence of `tokens` tokens fits now.
     pub fn can_admit(&self, tokens: usize) -> bool {
         self.alloc.can_admit(tokens)
+    }
+
+    /// Shuffles the free blocks (see [`BlockAllocator::shuffle_free_queue`]), so that later
+    /// appends land in physical blocks in scattered order.
+    pub fn shuffle_free_blocks(&mut self, seed: u64) {
+        self.alloc.shuffle_free_queue(seed);
     }
 
     /// Sets aside blocks for `tokens` future tokens of `seq`.

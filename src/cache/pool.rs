@@ -75,26 +75,53 @@ pub struct BlockPool {
 }
 
 impl BlockPool {
-    /// Allocates `num_blocks` blocks of `layout`, in as few buffers as the storage binding limit
-    /// ([`Capabilities::max_storage_buffer_binding_size`](crate::gpu::Capabilities)) allows.
-    pub fn new(ctx: &Context, layout: PoolLayout, num_blocks: usize, label: &str) -> Result<Self> {
+    /// Most blocks of `layout` one buffer can hold: the storage binding limit
+    /// ([`Capabilities::max_storage_buffer_binding_size`](crate::gpu::Capabilities)) over the
+    /// block size.
+    pub fn max_blocks_per_buffer(ctx: &Context, layout: &PoolLayout) -> Result<usize> {
         layout.validate()?;
-        if num_blocks == 0 || num_blocks >= 1 << 31 {
-            return Err(Error::InvalidArgument(format!(
-                "a pool needs 1 to 2^31 - 1 blocks, not {num_blocks}"
-            )));
-        }
         let caps = ctx.caps();
         let per_binding = caps
             .max_storage_buffer_binding_size
             .min(caps.max_buffer_size);
-        let blocks_per_buffer = (per_binding / layout.block_bytes()) as usize;
-        if blocks_per_buffer == 0 {
+        let n = (per_binding / layout.block_bytes()) as usize;
+        if n == 0 {
             return Err(Error::TooLarge {
-                what: format!("one block of {label}"),
+                what: "one pool block".into(),
                 bytes: layout.block_bytes(),
                 limit: per_binding,
             });
+        }
+        Ok(n)
+    }
+
+    /// Allocates `num_blocks` blocks of `layout`, in as few buffers as the storage binding limit
+    /// allows.
+    pub fn new(ctx: &Context, layout: PoolLayout, num_blocks: usize, label: &str) -> Result<Self> {
+        let per_buffer = Self::max_blocks_per_buffer(ctx, &layout)?;
+        Self::with_blocks_per_buffer(ctx, layout, num_blocks, per_buffer, label)
+    }
+
+    /// Allocates `num_blocks` blocks, `blocks_per_buffer` per buffer (at most
+    /// [`max_blocks_per_buffer`](Self::max_blocks_per_buffer)). The K and V pools of a cache
+    /// use the same split, so a block's K and V live in buffers of the same index.
+    pub fn with_blocks_per_buffer(
+        ctx: &Context,
+        layout: PoolLayout,
+        num_blocks: usize,
+        blocks_per_buffer: usize,
+        label: &str,
+    ) -> Result<Self> {
+        let max = Self::max_blocks_per_buffer(ctx, &layout)?;
+        if blocks_per_buffer == 0 || blocks_per_buffer > max {
+            return Err(Error::InvalidArgument(format!(
+                "{blocks_per_buffer} blocks per buffer for {label}: 1 to {max} fit one binding"
+            )));
+        }
+        if num_blocks == 0 || num_blocks >= 1 << 31 {
+            return Err(Error::InvalidArgument(format!(
+                "a pool needs 1 to 2^31 - 1 blocks, not {num_blocks}"
+            )));
         }
         let mut buffers = Vec::new();
         let mut left = num_blocks;

@@ -17,7 +17,9 @@ const MIN_BYTES: u64 = 16;
 
 impl Context {
     fn check_binding(&self, label: &str, bytes: u64) -> Result<()> {
-        let limit = self.caps().max_storage_buffer_binding_size;
+        // The device's own limit: a test cap (ContextOptions::max_storage_binding_cap) shapes how
+        // pools are split, not what a buffer may hold.
+        let limit = self.device.limits().max_storage_buffer_binding_size;
         if bytes > limit {
             return Err(Error::TooLarge {
                 what: format!("storage buffer {label}"),
@@ -29,7 +31,7 @@ impl Context {
     }
 
     /// A storage buffer holding `data` (padded to at least 16 bytes). Fails with
-    /// [`Error::TooLarge`] past the storage binding limit.
+    /// [`Error::TooLarge`] past the device's storage binding limit.
     pub fn upload<T: Pod>(&self, label: &str, data: &[T]) -> Result<wgpu::Buffer> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         self.check_binding(label, bytes.len() as u64)?;

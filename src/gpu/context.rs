@@ -18,8 +18,9 @@ pub struct ContextOptions {
     pub disable_f16: bool,
     /// Do not request `SUBGROUP` even if the adapter has it.
     pub disable_subgroups: bool,
-    /// Cap on the storage binding size the library plans with (tests use small caps so that
-    /// pools split across several buffers). `None` uses the adapter's limit.
+    /// Cap on the storage binding size the library plans KV pools with (tests use small caps
+    /// so that pools split across several buffers). Other buffers are checked against the
+    /// device's own limit. `None` uses the adapter's limit.
     pub max_storage_binding_cap: Option<u64>,
 }
 
@@ -52,7 +53,8 @@ pub struct Capabilities {
     pub subgroup_max_size: u32,
     /// `TIMESTAMP_QUERY`: kernels can be timed on the device.
     pub timestamps: bool,
-    /// Largest storage buffer binding, in bytes (after [`ContextOptions::max_storage_binding_cap`]).
+    /// Largest storage buffer binding that KV pools are planned with, in bytes (the adapter's
+    /// limit, or [`ContextOptions::max_storage_binding_cap`] when smaller).
     pub max_storage_buffer_binding_size: u64,
     /// Largest buffer, in bytes.
     pub max_buffer_size: u64,

@@ -6,5 +6,7 @@
 //! to what the kernel sees before calling: every f16 and bf16 value is exact in f32.
 
 pub mod attention;
+pub mod rope;
 
 pub use attention::{attention, AttentionOutput};
+pub use rope::{rope, RopeConfig, RopeStyle};

@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 
+use kvattn::cache::pool::{BlockPool, PoolLayout};
 use kvattn::gpu::{Context, ContextOptions};
 use kvattn::pipeline::PipelineKey;
+use kvattn::quant::KvDtype;
 use kvattn::shader::{Kernel, Precision, ShaderVariant};
 use kvattn::Error;
 
@@ -63,7 +65,7 @@ fn disabled_features_are_not_requested() {
     assert!(!ctx.device.features().contains(wgpu::Features::SHADER_F16));
     let key = PipelineKey::new(
         ShaderVariant {
-            kernel: Kernel::Decode,
+            kernel: Kernel::Paged,
             precision: Precision::F16,
         },
         &[],
@@ -146,12 +148,27 @@ fn buffers_round_trip_and_respect_the_binding_cap() {
         ..Default::default()
     })
     .unwrap();
+    // The cap shapes KV pools, not other buffers (those meet the device's own limit).
     assert_eq!(capped.caps().max_storage_buffer_binding_size, 1024);
-    assert!(capped.upload("fits", &[0u32; 256]).is_ok());
+    assert!(capped.upload("bigger than the cap", &[0u32; 1000]).is_ok());
+    let layout = PoolLayout {
+        num_kv_heads: 1,
+        head_dim: 64,
+        dtype: KvDtype::F32,
+        block_size: 1,
+    };
+    let pool = BlockPool::new(&capped, layout, 10, "capped").unwrap();
+    assert_eq!(pool.blocks_per_buffer(), 4);
+    assert_eq!(pool.buffers().len(), 3);
+    // A block larger than the cap cannot be placed.
+    let huge = PoolLayout {
+        head_dim: 512,
+        ..layout
+    };
     assert!(matches!(
-        capped.upload("too big", &[0u32; 257]),
+        BlockPool::new(&capped, huge, 1, "huge"),
         Err(Error::TooLarge {
-            bytes: 1028,
+            bytes: 2048,
             limit: 1024,
             ..
         })

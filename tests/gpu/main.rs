@@ -8,3 +8,5 @@ mod context;
 mod decode;
 mod kv_load;
 mod paged;
+mod paged_attention;
+mod rope;

@@ -1,0 +1,230 @@
+// Attention over a paged KV cache: decode (one query per sequence) and chunked prefill (a chunk of
+// queries after a cached prefix) in one kernel.
+//
+// Rows. A query row is one (query token, query head) pair of one sequence. The rows of a sequence
+// that share a KV head are ordered token-major (row r = token (r / GROUP), head r % GROUP of the
+// group) and cut into tiles of TILE rows: for decode a tile is (part of) the GQA group of one
+// token, for prefill a few tokens times the group. A tile's queries sit in workgroup memory, so
+// each K/V row is read once per tile. Rows never interact: a row's bits do not depend on which
+// other rows share its tile (loops run over the tile's `n_rows`, not TILE).
+//
+// Work items. The host plans, per (sequence, tile), the key range the tile can see, cut at fixed
+// token splits (split-K, the same for every batch) and where the sequence's blocks change pool
+// buffer. One dispatch per pool buffer binds that buffer's K and V; a workgroup serves one
+// (work item, KV head) and writes a partial (o, lse) per row, merged in key order by merge.wgsl
+// (which also adds the sinks).
+//
+// Scores follow DESIGN.md section 2: scale, softcap, ALiBi, mask (bottom-right causal, window).
+
+struct PagedParams {
+    num_q_heads: u32,
+    num_kv_heads: u32,
+    block_size: u32,
+    // First global block id held by the bound pool buffer.
+    first_block: u32,
+    scale: f32,
+    // 0 = no softcap.
+    softcap: f32,
+    // 0 = no sliding window.
+    window: u32,
+    // bit 0: causal, bit 1: ALiBi.
+    flags: u32,
+    // Word offsets into `plan`.
+    items_at: u32,
+    seqs_at: u32,
+    slopes_at: u32,
+    // Work items of this dispatch: plan[list_at .. list_at + list_len] are item ids.
+    list_at: u32,
+    list_len: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+override WG: u32 = 64u;
+// Query heads per KV head.
+override GROUP: u32 = 1u;
+// Rows per tile (<= MAX_TILE, TILE * V_DIM <= MAX_ACC * 4 * WG).
+override TILE: u32 = 1u;
+
+const MAX_TILE: u32 = 16u;
+const MAX_ACC: u32 = 8u;
+const FLAG_CAUSAL: u32 = 1u;
+const FLAG_ALIBI: u32 = 2u;
+// Words per work item and per sequence record in `plan`.
+const ITEM_WORDS: u32 = 8u;
+const SEQ_WORDS: u32 = 4u;
+
+@group(0) @binding(0) var<uniform> params: PagedParams;
+// [total_q, Hq, K_DIM / 4]
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k_pool: array<u32>;
+@group(0) @binding(3) var<storage, read> v_pool: array<u32>;
+// Work items (seq, first row, rows, key start, key end, 3 unused), sequences (first query
+// token, len_q, len_k, block table offset), ALiBi slopes (f32 bits), block tables, item lists.
+@group(0) @binding(4) var<storage, read> plan: array<u32>;
+// Partial states: [item, kv head, TILE, V_DIM / 4] and [item, kv head, TILE].
+@group(0) @binding(5) var<storage, read_write> o_part: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> lse_part: array<f32>;
+
+var<workgroup> q_tile: array<real4, TILE * K_DIM / 4u>;
+var<workgroup> scores: array<f32, TILE * WG>;
+var<workgroup> row_max: array<f32, MAX_TILE>;
+var<workgroup> row_sum: array<f32, MAX_TILE>;
+var<workgroup> row_alpha: array<f32, MAX_TILE>;
+// Position p_i of each row's query, and its ALiBi slope.
+var<workgroup> row_pos: array<u32, MAX_TILE>;
+var<workgroup> row_slope: array<f32, MAX_TILE>;
+
+fn kv_word(which: u32, i: u32) -> u32 {
+    if which == 0u {
+        return k_pool[i];
+    }
+    return v_pool[i];
+}
+
+// Scaled formats come with the quantized-attention issue; the host refuses them for now.
+fn kv_scale_word(which: u32, i: u32) -> u32 {
+    return 0u;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let item = plan[params.list_at + wid.x];
+    let kv_head = wid.y;
+    let ib = params.items_at + item * ITEM_WORDS;
+    let seq = plan[ib];
+    let row0 = plan[ib + 1u];
+    let n_rows = plan[ib + 2u];
+    let key_start = plan[ib + 3u];
+    let key_end = plan[ib + 4u];
+    let sb = params.seqs_at + seq * SEQ_WORDS;
+    let q_base = plan[sb];
+    let len_q = plan[sb + 1u];
+    let len_k = plan[sb + 2u];
+    let table = plan[sb + 3u];
+    let d4 = K_DIM / 4u;
+    let dv4 = V_DIM / 4u;
+    let causal = (params.flags & FLAG_CAUSAL) != 0u;
+    let alibi = (params.flags & FLAG_ALIBI) != 0u;
+
+    if tid < MAX_TILE {
+        row_max[tid] = MASKED;
+        row_sum[tid] = 0.0;
+        if tid < n_rows {
+            let r = row0 + tid;
+            let h = kv_head * GROUP + r % GROUP;
+            row_pos[tid] = r / GROUP + len_k - len_q;
+            row_slope[tid] = select(0.0, bitcast<f32>(plan[params.slopes_at + h]), alibi);
+        }
+    }
+    for (var i = tid; i < TILE * d4; i += WG) {
+        let t = i / d4;
+        var v = vec4<f32>(0.0);
+        if t < n_rows {
+            let r = row0 + t;
+            let h = kv_head * GROUP + r % GROUP;
+            v = q[((q_base + r / GROUP) * params.num_q_heads + h) * d4 + i % d4];
+        }
+        q_tile[i] = real4(v);
+    }
+    var acc: array<vec4<f32>, MAX_ACC>;
+    workgroupBarrier();
+
+    for (var c0 = key_start; c0 < key_end; c0 += WG) {
+        // 1. One key per invocation, scored against every row of the tile.
+        let j = c0 + tid;
+        if j < key_end {
+            var dots: array<f32, MAX_TILE>;
+            let block = plan[table + j / params.block_size] - params.first_block;
+            let row = (block * params.num_kv_heads + kv_head) * params.block_size + j % params.block_size;
+            for (var c = 0u; c < d4; c++) {
+                let k = vec4<f32>(real4(kv_load4(0u, row, c)));
+                for (var t = 0u; t < n_rows; t++) {
+                    dots[t] += dot(vec4<f32>(q_tile[t * d4 + c]), k);
+                }
+            }
+            for (var t = 0u; t < n_rows; t++) {
+                let p = row_pos[t];
+                var visible = true;
+                if causal {
+                    visible = visible && j <= p;
+                    if params.window > 0u {
+                        visible = visible && j + params.window > p;
+                    }
+                }
+                let dist = select(j - p, p - j, p >= j);
+                let s = score_transform(dots[t], params.scale, params.softcap, row_slope[t] * f32(dist));
+                scores[t * WG + tid] = select(MASKED, s, visible);
+            }
+        } else {
+            for (var t = 0u; t < n_rows; t++) {
+                scores[t * WG + tid] = MASKED;
+            }
+        }
+        workgroupBarrier();
+
+        // 2. New running max per row and the factor rescaling what came before.
+        if tid < n_rows {
+            var m = row_max[tid];
+            for (var i = 0u; i < WG; i++) {
+                m = max(m, scores[tid * WG + i]);
+            }
+            row_alpha[tid] = exp(row_max[tid] - m);
+            row_max[tid] = m;
+        }
+        workgroupBarrier();
+
+        // 3. Probabilities, held in `real` precision.
+        for (var t = 0u; t < n_rows; t++) {
+            let i = t * WG + tid;
+            scores[i] = f32(real(softmax_weight(scores[i], row_max[t])));
+        }
+        workgroupBarrier();
+
+        // 4. Running sums, and the tile's outputs (neighbouring invocations read neighbouring
+        // values of a V row).
+        if tid < n_rows {
+            var l = 0.0;
+            for (var i = 0u; i < WG; i++) {
+                l += scores[tid * WG + i];
+            }
+            row_sum[tid] = row_sum[tid] * row_alpha[tid] + l;
+        }
+        let n = min(WG, key_end - c0);
+        for (var r = 0u; r < MAX_ACC; r++) {
+            let e = tid + r * WG;
+            if e >= n_rows * dv4 {
+                break;
+            }
+            let t = e / dv4;
+            let c = e % dv4;
+            var a = acc[r] * row_alpha[t];
+            for (var i = 0u; i < n; i++) {
+                let jj = c0 + i;
+                let block = plan[table + jj / params.block_size] - params.first_block;
+                let row = (block * params.num_kv_heads + kv_head) * params.block_size + jj % params.block_size;
+                a += scores[t * WG + i] * vec4<f32>(real4(kv_load4(1u, row, c)));
+            }
+            acc[r] = a;
+        }
+        workgroupBarrier();
+    }
+
+    // Partial state of each row: normalized output and log-sum-exp (-inf when the row saw no
+    // key of this item).
+    let out_base = (item * params.num_kv_heads + kv_head) * TILE;
+    for (var r = 0u; r < MAX_ACC; r++) {
+        let e = tid + r * WG;
+        if e >= n_rows * dv4 {
+            break;
+        }
+        let t = e / dv4;
+        let c = e % dv4;
+        let l = row_sum[t];
+        o_part[(out_base + t) * dv4 + c] = acc[r] * select(0.0, 1.0 / l, l > 0.0);
+        if c == 0u {
+            lse_part[out_base + t] = softmax_lse(row_max[t], l);
+        }
+    }
+}

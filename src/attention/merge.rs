@@ -1,0 +1,97 @@
+//! Merge of partial attention states (o, lse) (`shaders/merge.wgsl`): split-K partials of the
+//! paged kernel, in key order; sinks join the denominator here, once. The same combination
+//! serves cascade attention (a shared-prefix pass merged with per-sequence passes).
+
+use super::AttentionShape;
+use crate::gpu::Context;
+use crate::shader::Precision;
+use crate::Result;
+
+crate::wgsl_struct! {
+    /// Mirror of the WGSL `MergeParams` uniform.
+    pub struct MergeParams {
+        /// Query heads.
+        pub num_q_heads: u32,
+        /// KV heads.
+        pub num_kv_heads: u32,
+        /// Bit 0: sinks present.
+        pub flags: u32,
+        /// Offset of the tiles in the metadata.
+        pub tiles_at: u32,
+        /// Offset of the sinks.
+        pub sinks_at: u32,
+        /// Padding.
+        pub _pad0: u32,
+        /// Padding.
+        pub _pad1: u32,
+        /// Padding.
+        pub _pad2: u32,
+    }
+}
+
+const WG: u32 = 64;
+
+/// Override constants of the merge kernel for `shape` (the tile is the attention kernel's).
+pub(crate) fn constants(shape: &AttentionShape, precision: Precision) -> Vec<(&'static str, f64)> {
+    vec![
+        ("WG", f64::from(WG)),
+        ("GROUP", shape.group() as f64),
+        ("TILE", super::paged::tile_rows(shape, precision) as f64),
+        ("V_DIM", shape.head_dim_v as f64),
+    ]
+}
+
+/// Override constants the naga tests validate.
+pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
+    [(1, 1, 64, 64), (32, 8, 128, 128), (16, 2, 192, 1024)]
+        .iter()
+        .map(|&(hq, hkv, dk, dv)| {
+            let shape = AttentionShape {
+                num_q_heads: hq,
+                num_kv_heads: hkv,
+                head_dim_qk: dk,
+                head_dim_v: dv,
+            };
+            constants(&shape, Precision::F32)
+        })
+        .collect()
+}
+
+/// Buffers of one merge.
+pub(crate) struct MergeArgs<'a> {
+    pub pipeline: &'a wgpu::ComputePipeline,
+    pub shape: &'a AttentionShape,
+    pub meta: &'a wgpu::Buffer,
+    pub tiles_at: usize,
+    pub num_tiles: usize,
+    pub sinks_at: Option<usize>,
+    pub o_part: &'a wgpu::Buffer,
+    pub lse_part: &'a wgpu::Buffer,
+    pub out: &'a wgpu::Buffer,
+    pub lse: &'a wgpu::Buffer,
+}
+
+/// Merges every tile's partial states into `out` and `lse`.
+pub(crate) fn merge(ctx: &Context, args: &MergeArgs) -> Result<()> {
+    let params = MergeParams {
+        num_q_heads: args.shape.num_q_heads as u32,
+        num_kv_heads: args.shape.num_kv_heads as u32,
+        flags: u32::from(args.sinks_at.is_some()),
+        tiles_at: args.tiles_at as u32,
+        sinks_at: args.sinks_at.unwrap_or(0) as u32,
+        ..Default::default()
+    };
+    let uniform = ctx.uniform("merge params", &params);
+    ctx.dispatch(
+        args.pipeline,
+        &[
+            &uniform,
+            args.meta,
+            args.o_part,
+            args.lse_part,
+            args.out,
+            args.lse,
+        ],
+        [args.num_tiles as u32, args.shape.num_kv_heads as u32, 1],
+    )
+}

@@ -1,0 +1,660 @@
+//! Attention over the paged cache (decode and chunked prefill) vs the CPU reference: head dims,
+//! GQA groups, block sizes around the lengths, prefixes and chunks, options, split-K, pools over
+//! three or more bindings, batch invariance, forks and prefix hits feeding the kernel.
+
+use kvattn::attention::decode::{decode_batch, DecodeConfig};
+use kvattn::attention::paged::{
+    paged_attention_host, PagedAttentionArgs, PagedAttentionPlan, PagedQuery,
+};
+use kvattn::attention::{AttentionOptions, AttentionShape, RaggedBatch};
+use kvattn::cache::paged::{PagedKvCache, PagedKvConfig, PoolSize};
+use kvattn::gpu::{Context, ContextOptions};
+use kvattn::quant::KvDtype;
+use kvattn::reference;
+use kvattn::shader::Precision;
+
+use crate::common::{gpu, gpu_capped, max_abs_err, output_scale, Rng};
+
+/// A batch on the host: per sequence its K/V rows (f32, token order) and its queries.
+struct HostBatch {
+    shape: AttentionShape,
+    lens: Vec<(usize, usize)>,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    q: Vec<f32>,
+}
+
+impl HostBatch {
+    fn new(shape: AttentionShape, lens: &[(usize, usize)], seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let (hkv, dk, dv) = (shape.num_kv_heads, shape.head_dim_qk, shape.head_dim_v);
+        let total_q: usize = lens.iter().map(|l| l.1).sum();
+        Self {
+            shape,
+            lens: lens.to_vec(),
+            k: lens
+                .iter()
+                .map(|&(lk, _)| rng.normals(lk * hkv * dk, 1.0))
+                .collect(),
+            v: lens
+                .iter()
+                .map(|&(lk, _)| rng.normals(lk * hkv * dv, 1.0))
+                .collect(),
+            q: rng.normals(total_q * shape.num_q_heads * dk, 1.0),
+        }
+    }
+
+    /// The values the cache stores (rounded to its format).
+    fn stored(&self, dtype: KvDtype) -> (Vec<f32>, Vec<f32>) {
+        let round = |x: &[Vec<f32>]| -> Vec<f32> {
+            x.concat()
+                .iter()
+                .map(|&v| match dtype {
+                    KvDtype::F16 => half::f16::from_f32(v).to_f32(),
+                    KvDtype::Bf16 => half::bf16::from_f32(v).to_f32(),
+                    _ => v,
+                })
+                .collect()
+        };
+        (round(&self.k), round(&self.v))
+    }
+
+    fn reference(&self, dtype: KvDtype, opts: &AttentionOptions) -> reference::AttentionOutput {
+        let (k, v) = self.stored(dtype);
+        let mut cu_q = vec![0u32];
+        let mut cu_k = vec![0u32];
+        for &(lk, lq) in &self.lens {
+            cu_q.push(cu_q.last().unwrap() + lq as u32);
+            cu_k.push(cu_k.last().unwrap() + lk as u32);
+        }
+        let batch = RaggedBatch {
+            q: &self.q,
+            k: &k,
+            v: &v,
+            cu_seqlens_q: &cu_q,
+            cu_seqlens_k: &cu_k,
+        };
+        reference::attention(&batch, &self.shape, opts).unwrap()
+    }
+
+    /// A cache holding every sequence (ids 0..), written in random interleaved chunks so the
+    /// physical blocks of a sequence are scattered.
+    fn cache(&self, ctx: &Context, dtype: KvDtype, block_size: usize) -> PagedKvCache {
+        let s = &self.shape;
+        let cfg = PagedKvConfig {
+            head_dim_v: s.head_dim_v,
+            block_size,
+            prefix_caching: false,
+            ..PagedKvConfig::new(1, s.num_kv_heads, s.head_dim_qk, dtype)
+        };
+        let blocks: usize = self
+            .lens
+            .iter()
+            .map(|l| l.0.div_ceil(block_size))
+            .sum::<usize>()
+            + 4;
+        let mut cache = PagedKvCache::new(ctx, cfg, PoolSize::Blocks(blocks)).unwrap();
+        let mut written = vec![0usize; self.lens.len()];
+        let mut rng = Rng::new(blocks as u64);
+        for i in 0..self.lens.len() {
+            cache.add_sequence(i as u64, &[]).unwrap();
+        }
+        let (kr, vr) = (
+            s.num_kv_heads * s.head_dim_qk,
+            s.num_kv_heads * s.head_dim_v,
+        );
+        while written.iter().zip(&self.lens).any(|(w, l)| w < &l.0) {
+            let i = (rng.next_u64() as usize) % self.lens.len();
+            let left = self.lens[i].0 - written[i];
+            if left == 0 {
+                continue;
+            }
+            let n = left.min(1 + (rng.next_u64() % 70) as usize);
+            let (a, b) = (written[i], written[i] + n);
+            let tokens = vec![0u32; n];
+            let k = vec![self.k[i][a * kr..b * kr].to_vec()];
+            let v = vec![self.v[i][a * vr..b * vr].to_vec()];
+            cache.append_host(ctx, i as u64, &tokens, &k, &v).unwrap();
+            written[i] = b;
+        }
+        cache
+    }
+
+    fn queries(&self) -> Vec<PagedQuery> {
+        self.lens
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, lq))| PagedQuery {
+                seq: i as u64,
+                len_q: lq,
+            })
+            .collect()
+    }
+}
+
+fn capped_at(bytes: u64) -> Context {
+    Context::with_options(&ContextOptions {
+        max_storage_binding_cap: Some(bytes),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn precisions(ctx: &Context) -> Vec<Precision> {
+    let mut p = vec![Precision::F32];
+    if ctx.caps().shader_f16 {
+        p.push(Precision::F16);
+    }
+    p
+}
+
+/// f32 kernels: 1e-4 of the output scale. f16 kernels (Q, K, V, P held in f16): 2^-9 of the
+/// scale plus twice the f16 rounding of the inputs seen by the reference (an honest f16
+/// computation's error is dominated by those roundings; the decode tests check the exact
+/// FlashAttention rule).
+fn check(
+    name: &str,
+    precision: Precision,
+    got: &reference::AttentionOutput,
+    want: &reference::AttentionOutput,
+    want16: Option<&reference::AttentionOutput>,
+) -> f64 {
+    let scale = output_scale(&want.out);
+    let err = max_abs_err(&got.out, &want.out);
+    let lse_err = max_abs_err(&got.lse, &want.lse);
+    let (bound, lse_bound) = match (precision, want16) {
+        (Precision::F16, Some(w16)) => (
+            2.0 * max_abs_err(&w16.out, &want.out) + scale / 512.0,
+            2.0 * max_abs_err(&w16.lse, &want.lse) + 1.0 / 512.0,
+        ),
+        _ => (1e-4 * scale, 1e-4),
+    };
+    assert!(err <= bound, "{name}: out error {err:e} > {bound:e}");
+    assert!(
+        lse_err <= lse_bound,
+        "{name}: lse error {lse_err:e} > {lse_bound:e}"
+    );
+    err / scale
+}
+
+/// The reference on inputs rounded to f16 (queries too): what an f16 kernel sees.
+fn reference_f16(
+    b: &HostBatch,
+    dtype: KvDtype,
+    opts: &AttentionOptions,
+) -> reference::AttentionOutput {
+    let r =
+        |x: &[f32]| -> Vec<f32> { x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect() };
+    let (k, v) = b.stored(dtype);
+    let (k, v, q) = (r(&k), r(&v), r(&b.q));
+    let mut cu_q = vec![0u32];
+    let mut cu_k = vec![0u32];
+    for &(lk, lq) in &b.lens {
+        cu_q.push(cu_q.last().unwrap() + lq as u32);
+        cu_k.push(cu_k.last().unwrap() + lk as u32);
+    }
+    let batch = RaggedBatch {
+        q: &q,
+        k: &k,
+        v: &v,
+        cu_seqlens_q: &cu_q,
+        cu_seqlens_k: &cu_k,
+    };
+    reference::attention(&batch, &b.shape, opts).unwrap()
+}
+
+fn run(
+    ctx: &Context,
+    cache: &PagedKvCache,
+    b: &HostBatch,
+    opts: &AttentionOptions,
+    precision: Precision,
+) -> reference::AttentionOutput {
+    let batch = b.queries();
+    let args = PagedAttentionArgs {
+        layer: 0,
+        batch: &batch,
+        shape: b.shape,
+        options: opts,
+        precision,
+    };
+    paged_attention_host(ctx, cache, &args, &b.q).unwrap()
+}
+
+#[test]
+fn paged_decode_and_prefill_match_reference_on_grid() {
+    let ctx = gpu_capped();
+    // (hq, hkv): MHA, GQA 2, 4, 8, MQA.
+    let heads = [(4usize, 4usize), (8, 4), (8, 2), (16, 2), (6, 1)];
+    let dims = [
+        (64usize, 64usize),
+        (80, 80),
+        (96, 96),
+        (128, 128),
+        (256, 256),
+        (192, 128),
+    ];
+    let block_sizes = [1usize, 8, 16, 32, 128];
+    let dtypes = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
+    let mut cases = 0;
+    let mut worst: Vec<(String, f64)> = Vec::new();
+    for (i, &(dk, dv)) in dims.iter().enumerate() {
+        for (j, &(hq, hkv)) in heads.iter().enumerate() {
+            let n = i * heads.len() + j;
+            let bs = block_sizes[n % block_sizes.len()];
+            let dtype = dtypes[n % dtypes.len()];
+            let shape = AttentionShape {
+                num_q_heads: hq,
+                num_kv_heads: hkv,
+                head_dim_qk: dk,
+                head_dim_v: dv,
+            };
+            // Decode at 1, 17, 97, 1000 (split-K) and around a block boundary; prefill chunks
+            // of 1 to 64 queries after prefixes of 0 to 500.
+            let mut lens = vec![
+                (1, 1),
+                (17, 1),
+                (97, 1),
+                (bs, 1),
+                (bs + 1, 1),
+                (5, 5),
+                (40 + 17, 17),
+            ];
+            if bs > 1 {
+                lens.push((bs - 1, 1));
+            }
+            if n % 2 == 0 {
+                lens.push((1000, 1));
+            } else {
+                lens.push((500 + 64, 64));
+            }
+            let b = HostBatch::new(shape, &lens, n as u64);
+            // Pools over three or more bindings: the shared 64 KiB cap when three blocks fit it,
+            // else a cap of three blocks.
+            let block_bytes = (bs * hkv * dk.max(dv) * 4) as u64;
+            let own;
+            let ctx = if 3 * block_bytes <= 64 << 10 {
+                ctx
+            } else {
+                own = capped_at(3 * block_bytes);
+                &own
+            };
+            let cache = b.cache(ctx, dtype, bs);
+            let buffers = cache.layer(0).unwrap().k.buffers().len();
+            assert!(buffers >= 3, "only {buffers} buffers");
+            let opts = AttentionOptions::default();
+            let want = b.reference(dtype, &opts);
+            for precision in precisions(ctx) {
+                let got = run(ctx, &cache, &b, &opts, precision);
+                let w16 = (precision == Precision::F16).then(|| reference_f16(&b, dtype, &opts));
+                let name = format!(
+                    "hd{dk}/{dv} hq{hq} hkv{hkv} bs{bs} {dtype} {}",
+                    precision.name()
+                );
+                let e = check(&name, precision, &got, &want, w16.as_ref());
+                worst.push((format!("{dtype}/{}", precision.name()), e));
+                cases += 1;
+            }
+        }
+    }
+    let mut summary: Vec<(String, f64)> = Vec::new();
+    for (k, e) in worst {
+        match summary.iter_mut().find(|(n, _)| *n == k) {
+            Some((_, w)) => *w = w.max(e),
+            None => summary.push((k, e)),
+        }
+    }
+    eprintln!("paged grid: {cases} cases; worst error / output scale: {summary:?}");
+}
+
+#[test]
+fn paged_options_match_reference() {
+    let ctx = gpu_capped();
+    let shape = AttentionShape {
+        num_q_heads: 8,
+        num_kv_heads: 2,
+        head_dim_qk: 64,
+        head_dim_v: 64,
+    };
+    let b = HostBatch::new(shape, &[(1, 1), (30, 1), (200, 13), (700, 40), (9, 9)], 77);
+    let cache = b.cache(ctx, KvDtype::F16, 16);
+    let mut rng = Rng::new(5);
+    let sets = vec![
+        (
+            "window 1",
+            AttentionOptions {
+                sliding_window: Some(1),
+                ..Default::default()
+            },
+        ),
+        (
+            "window 37",
+            AttentionOptions {
+                sliding_window: Some(37),
+                ..Default::default()
+            },
+        ),
+        (
+            "softcap",
+            AttentionOptions {
+                softcap: Some(3.0),
+                scale: Some(0.4),
+                ..Default::default()
+            },
+        ),
+        (
+            "alibi",
+            AttentionOptions {
+                alibi_slopes: Some((0..8).map(|h| 0.5f32.powi(h + 1)).collect()),
+                ..Default::default()
+            },
+        ),
+        (
+            "sinks",
+            AttentionOptions {
+                sinks: Some(rng.normals(8, 2.0)),
+                ..Default::default()
+            },
+        ),
+        (
+            "non-causal",
+            AttentionOptions {
+                causal: false,
+                ..Default::default()
+            },
+        ),
+        (
+            "non-causal alibi",
+            AttentionOptions {
+                causal: false,
+                alibi_slopes: Some(vec![0.05; 8]),
+                ..Default::default()
+            },
+        ),
+        (
+            "everything",
+            AttentionOptions {
+                sliding_window: Some(100),
+                softcap: Some(5.0),
+                alibi_slopes: Some(rng.normals(8, 0.05).iter().map(|x| x.abs()).collect()),
+                sinks: Some(rng.normals(8, 1.0)),
+                ..Default::default()
+            },
+        ),
+    ];
+    for (name, opts) in sets {
+        let want = b.reference(KvDtype::F16, &opts);
+        for precision in precisions(ctx) {
+            let got = run(ctx, &cache, &b, &opts, precision);
+            let w16 = (precision == Precision::F16).then(|| reference_f16(&b, KvDtype::F16, &opts));
+            check(
+                &format!("{name} {}", precision.name()),
+                precision,
+                &got,
+                &want,
+                w16.as_ref(),
+            );
+        }
+    }
+}
+
+#[test]
+fn a_row_is_bitwise_the_same_alone_or_batched() {
+    let ctx = gpu_capped();
+    let shape = AttentionShape {
+        num_q_heads: 8,
+        num_kv_heads: 2,
+        head_dim_qk: 128,
+        head_dim_v: 128,
+    };
+    let b = HostBatch::new(shape, &[(300, 1), (900, 1), (120, 20), (64, 64)], 9);
+    let cache = b.cache(ctx, KvDtype::F16, 16);
+    let opts = AttentionOptions::default();
+    let all = run(ctx, &cache, &b, &opts, Precision::F32);
+    let row = shape.num_q_heads * shape.head_dim_v;
+    let mut q_at = 0;
+    for (i, &(_, lq)) in b.lens.iter().enumerate() {
+        let batch = [PagedQuery {
+            seq: i as u64,
+            len_q: lq,
+        }];
+        let args = PagedAttentionArgs {
+            layer: 0,
+            batch: &batch,
+            shape,
+            options: &opts,
+            precision: Precision::F32,
+        };
+        let q = &b.q[q_at * shape.num_q_heads * 128..(q_at + lq) * shape.num_q_heads * 128];
+        let alone = paged_attention_host(ctx, &cache, &args, q).unwrap();
+        assert_eq!(
+            alone.out,
+            all.out[q_at * row..(q_at + lq) * row],
+            "sequence {i}"
+        );
+        q_at += lq;
+    }
+}
+
+#[test]
+fn paged_equals_contiguous_and_split_equals_unsplit() {
+    // Uncapped: one buffer, so the paged and contiguous kernels cut the same splits.
+    let ctx = gpu();
+    let shape = AttentionShape {
+        num_q_heads: 8,
+        num_kv_heads: 2,
+        head_dim_qk: 64,
+        head_dim_v: 64,
+    };
+    let lens = [(1000usize, 1usize), (17, 1), (1300, 1)];
+    let b = HostBatch::new(shape, &lens, 4);
+    let cache = b.cache(ctx, KvDtype::F16, 16);
+    let opts = AttentionOptions::default();
+    let paged = run(ctx, &cache, &b, &opts, Precision::F32);
+    let (k, v) = (b.k.concat(), b.v.concat());
+    let cu_k = [0u32, 1000, 1017, 2317];
+    let batch = RaggedBatch {
+        q: &b.q,
+        k: &k,
+        v: &v,
+        cu_seqlens_q: &[0, 1, 2, 3],
+        cu_seqlens_k: &cu_k,
+    };
+    let config = DecodeConfig {
+        k_dtype: KvDtype::F16,
+        v_dtype: KvDtype::F16,
+        precision: Precision::F32,
+    };
+    let contiguous = decode_batch(ctx, &batch, &shape, &opts, &config).unwrap();
+    assert_eq!(
+        paged.out, contiguous.out,
+        "paged and contiguous decode differ"
+    );
+    assert_eq!(paged.lse, contiguous.lse);
+
+    // Split-K: 64-key splits against one split per sequence.
+    let queries = b.queries();
+    let args = PagedAttentionArgs {
+        layer: 0,
+        batch: &queries,
+        shape,
+        options: &opts,
+        precision: Precision::F32,
+    };
+    let rows = 3 * shape.num_q_heads;
+    let mut results = Vec::new();
+    for split in [64usize, 1 << 20] {
+        let plan = PagedAttentionPlan::with_split_tokens(ctx, &cache, &args, split).unwrap();
+        let q = ctx.upload("q", &b.q).unwrap();
+        let out = ctx.filled("out", rows * 64, f32::NAN).unwrap();
+        let lse = ctx.filled("lse", rows, f32::NAN).unwrap();
+        plan.run(ctx, &cache, 0, &q, &out, &lse).unwrap();
+        results.push((
+            plan.num_items(),
+            ctx.read_back::<f32>(&out, rows * 64).unwrap(),
+        ));
+    }
+    assert!(
+        results[0].0 > results[1].0,
+        "the small split cut more work items"
+    );
+    let err = max_abs_err(&results[0].1, &results[1].1);
+    assert!(
+        err <= 1e-5 * output_scale(&results[1].1),
+        "split vs unsplit: {err:e}"
+    );
+}
+
+#[test]
+fn forks_and_prefix_hits_feed_the_kernel() {
+    let ctx = gpu_capped();
+    let shape = AttentionShape {
+        num_q_heads: 4,
+        num_kv_heads: 2,
+        head_dim_qk: 64,
+        head_dim_v: 64,
+    };
+    let cfg = PagedKvConfig {
+        block_size: 8,
+        ..PagedKvConfig::new(1, 2, 64, KvDtype::F32)
+    };
+    let mut cache = PagedKvCache::new(ctx, cfg, PoolSize::Blocks(64)).unwrap();
+    let mut rng = Rng::new(12);
+    let row = 2 * 64;
+    // Parent: 21 tokens; fork; each branch appends its own 6 tokens.
+    let prompt: Vec<u32> = (0..21).collect();
+    let (pk, pv) = (rng.normals(21 * row, 1.0), rng.normals(21 * row, 1.0));
+    cache.add_sequence(1, &prompt).unwrap();
+    cache
+        .append_host(
+            ctx,
+            1,
+            &prompt,
+            std::slice::from_ref(&pk),
+            std::slice::from_ref(&pv),
+        )
+        .unwrap();
+    cache.fork(1, 2).unwrap();
+    let mut ks = vec![pk.clone(), pk.clone()];
+    let mut vs = vec![pv.clone(), pv.clone()];
+    for (i, seq) in [1u64, 2].into_iter().enumerate() {
+        let (k, v) = (rng.normals(6 * row, 1.0), rng.normals(6 * row, 1.0));
+        cache
+            .append_host(
+                ctx,
+                seq,
+                &[100 + seq as u32; 6],
+                std::slice::from_ref(&k),
+                std::slice::from_ref(&v),
+            )
+            .unwrap();
+        ks[i].extend(k);
+        vs[i].extend(v);
+    }
+    // A third sequence with the same prompt reuses the two full cached blocks (16 tokens).
+    let cached = cache.add_sequence(3, &prompt).unwrap();
+    assert_eq!(cached, 16);
+    cache
+        .append_host(
+            ctx,
+            3,
+            &prompt[16..],
+            &[pk[16 * row..].to_vec()],
+            &[pv[16 * row..].to_vec()],
+        )
+        .unwrap();
+    ks.push(pk.clone());
+    vs.push(pv.clone());
+    assert_eq!(
+        cache.block_table(3).unwrap()[..2],
+        cache.block_table(1).unwrap()[..2]
+    );
+
+    let lens = [(27usize, 3usize), (27, 1), (21, 21)];
+    let total_q: usize = lens.iter().map(|l| l.1).sum();
+    let q = rng.normals(total_q * 4 * 64, 1.0);
+    let batch: Vec<PagedQuery> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, l)| PagedQuery {
+            seq: i as u64 + 1,
+            len_q: l.1,
+        })
+        .collect();
+    let opts = AttentionOptions::default();
+    let args = PagedAttentionArgs {
+        layer: 0,
+        batch: &batch,
+        shape,
+        options: &opts,
+        precision: Precision::F32,
+    };
+    let got = paged_attention_host(ctx, &cache, &args, &q).unwrap();
+    let (k, v) = (ks.concat(), vs.concat());
+    let cu_q = [0u32, 3, 4, 25];
+    let cu_k = [0u32, 27, 54, 75];
+    let want = reference::attention(
+        &RaggedBatch {
+            q: &q,
+            k: &k,
+            v: &v,
+            cu_seqlens_q: &cu_q,
+            cu_seqlens_k: &cu_k,
+        },
+        &shape,
+        &opts,
+    )
+    .unwrap();
+    check("forks and prefix hits", Precision::F32, &got, &want, None);
+}
+
+#[test]
+fn paged_attention_rejects_bad_input() {
+    let ctx = gpu_capped();
+    let shape = AttentionShape {
+        num_q_heads: 4,
+        num_kv_heads: 2,
+        head_dim_qk: 64,
+        head_dim_v: 64,
+    };
+    let b = HostBatch::new(shape, &[(10, 2)], 1);
+    let cache = b.cache(ctx, KvDtype::F32, 8);
+    let opts = AttentionOptions::default();
+    let try_run = |batch: &[PagedQuery], shape: AttentionShape, q: &[f32]| {
+        let args = PagedAttentionArgs {
+            layer: 0,
+            batch,
+            shape,
+            options: &opts,
+            precision: Precision::F32,
+        };
+        paged_attention_host(ctx, &cache, &args, q)
+    };
+    let q = &b.q;
+    assert!(
+        try_run(&[PagedQuery { seq: 0, len_q: 11 }], shape, q).is_err(),
+        "len_q > len_k"
+    );
+    assert!(
+        try_run(&[PagedQuery { seq: 0, len_q: 0 }], shape, q).is_err(),
+        "len_q 0"
+    );
+    assert!(
+        try_run(&[PagedQuery { seq: 9, len_q: 1 }], shape, q).is_err(),
+        "unknown sequence"
+    );
+    assert!(try_run(&[], shape, q).is_err(), "empty batch");
+    let wrong = AttentionShape {
+        num_kv_heads: 4,
+        ..shape
+    };
+    assert!(
+        try_run(&[PagedQuery { seq: 0, len_q: 2 }], wrong, q).is_err(),
+        "KV heads differ from the cache"
+    );
+    assert!(
+        try_run(&[PagedQuery { seq: 0, len_q: 2 }], shape, &q[1..]).is_err(),
+        "short q"
+    );
+    assert!(try_run(&[PagedQuery { seq: 0, len_q: 2 }], shape, q).is_ok());
+}
