@@ -44,11 +44,17 @@ struct PagedParams {
 override WG: u32 = 64u;
 // Query heads per KV head.
 override GROUP: u32 = 1u;
-// Rows per tile (<= MAX_TILE, TILE * V_DIM <= MAX_ACC * 4 * WG).
+// Rows per tile (<= MAX_TILE, and ACC_COLS * ACC_ROWS <= MAX_ACC).
 override TILE: u32 = 1u;
 
 const MAX_TILE: u32 = 16u;
 const MAX_ACC: u32 = 8u;
+// Output accumulators: V_DIM / 4 columns (vec4) over the workgroup. With at most WG columns,
+// LANES invocations share a column and each holds ACC_ROWS rows of it; with more, each
+// invocation holds ACC_COLS columns of every row.
+override ACC_COLS: u32 = (V_DIM / 4u + WG - 1u) / WG;
+override LANES: u32 = max(1u, WG / (V_DIM / 4u));
+override ACC_ROWS: u32 = (TILE + LANES - 1u) / LANES;
 const FLAG_CAUSAL: u32 = 1u;
 const FLAG_ALIBI: u32 = 2u;
 // Words per work item and per sequence record in `plan`.
@@ -75,6 +81,22 @@ var<workgroup> row_alpha: array<f32, MAX_TILE>;
 // Position p_i of each row's query, and its ALiBi slope.
 var<workgroup> row_pos: array<u32, MAX_TILE>;
 var<workgroup> row_slope: array<f32, MAX_TILE>;
+
+// Column of accumulator set m of invocation tid.
+fn acc_col(tid: u32, m: u32) -> u32 {
+    if ACC_COLS == 1u {
+        return tid % (V_DIM / 4u);
+    }
+    return tid + m * WG;
+}
+
+// Which of a column's LANES an invocation is.
+fn acc_lane(tid: u32) -> u32 {
+    if ACC_COLS == 1u {
+        return tid / (V_DIM / 4u);
+    }
+    return 0u;
+}
 
 fn kv_word(which: u32, i: u32) -> u32 {
     if which == 0u {
@@ -191,22 +213,33 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
             row_sum[tid] = row_sum[tid] * row_alpha[tid] + l;
         }
+        // Each invocation owns ACC_COLS columns of the V rows and, for each, the rows
+        // lane, lane + LANES, ...: a V value is loaded and decoded once per invocation and used
+        // for all of its rows.
         let n = min(WG, key_end - c0);
-        for (var r = 0u; r < MAX_ACC; r++) {
-            let e = tid + r * WG;
-            if e >= n_rows * dv4 {
+        for (var m = 0u; m < ACC_COLS; m++) {
+            let c = acc_col(tid, m);
+            if c >= dv4 || acc_lane(tid) >= LANES {
                 break;
             }
-            let t = e / dv4;
-            let c = e % dv4;
-            var a = acc[r] * row_alpha[t];
+            for (var k = 0u; k < ACC_ROWS; k++) {
+                let t = acc_lane(tid) + k * LANES;
+                if t < n_rows {
+                    acc[m * ACC_ROWS + k] *= row_alpha[t];
+                }
+            }
             for (var i = 0u; i < n; i++) {
                 let jj = c0 + i;
                 let block = plan[table + jj / params.block_size] - params.first_block;
                 let row = (block * params.num_kv_heads + kv_head) * params.block_size + jj % params.block_size;
-                a += scores[t * WG + i] * vec4<f32>(real4(kv_load4(1u, row, c)));
+                let v = vec4<f32>(real4(kv_load4(1u, row, c)));
+                for (var k = 0u; k < ACC_ROWS; k++) {
+                    let t = acc_lane(tid) + k * LANES;
+                    if t < n_rows {
+                        acc[m * ACC_ROWS + k] += scores[t * WG + i] * v;
+                    }
+                }
             }
-            acc[r] = a;
         }
         workgroupBarrier();
     }
@@ -214,17 +247,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // Partial state of each row: normalized output and log-sum-exp (-inf when the row saw no
     // key of this item).
     let out_base = (item * params.num_kv_heads + kv_head) * TILE;
-    for (var r = 0u; r < MAX_ACC; r++) {
-        let e = tid + r * WG;
-        if e >= n_rows * dv4 {
+    for (var m = 0u; m < ACC_COLS; m++) {
+        let c = acc_col(tid, m);
+        if c >= dv4 || acc_lane(tid) >= LANES {
             break;
         }
-        let t = e / dv4;
-        let c = e % dv4;
-        let l = row_sum[t];
-        o_part[(out_base + t) * dv4 + c] = acc[r] * select(0.0, 1.0 / l, l > 0.0);
-        if c == 0u {
-            lse_part[out_base + t] = softmax_lse(row_max[t], l);
+        for (var k = 0u; k < ACC_ROWS; k++) {
+            let t = acc_lane(tid) + k * LANES;
+            if t < n_rows {
+                let l = row_sum[t];
+                o_part[(out_base + t) * dv4 + c] = acc[m * ACC_ROWS + k] * select(0.0, 1.0 / l, l > 0.0);
+                if c == 0u {
+                    lse_part[out_base + t] = softmax_lse(row_max[t], l);
+                }
+            }
         }
     }
 }

@@ -88,7 +88,11 @@ pub fn tile_rows(shape: &AttentionShape, precision: Precision) -> usize {
         Precision::F16 => 2,
     };
     let by_memory = Q_TILE_BYTES / (shape.head_dim_qk * bytes);
-    let by_acc = MAX_ACC * 4 * WG as usize / shape.head_dim_v;
+    // The kernel's accumulator layout: columns (vec4) per invocation and lanes per column.
+    let dv4 = shape.head_dim_v / 4;
+    let cols = dv4.div_ceil(WG as usize);
+    let lanes = (WG as usize / dv4).max(1);
+    let by_acc = lanes * (MAX_ACC / cols);
     MAX_TILE.min(by_memory).min(by_acc).max(1)
 }
 
