@@ -1,7 +1,11 @@
-//! The `kvattn` command line: `kvattn info` (more subcommands come with later issues).
+//! The `kvattn` command line: `info`, `capacity`, `run` (one kernel on a safetensors case file)
+//! and `verify` (every kernel against the CPU reference).
 
 mod capacity;
+mod case;
 mod info;
+mod run;
+mod verify;
 
 use clap::{Parser, Subcommand};
 
@@ -19,6 +23,10 @@ enum Command {
     Info(info::InfoArgs),
     /// KV cache bytes per token and for a batch, and how many tokens or sequences fit a budget.
     Capacity(Box<capacity::CapacityArgs>),
+    /// Run one kernel on tensors from a safetensors case file and write the result.
+    Run(run::RunArgs),
+    /// Check every kernel and storage format this adapter supports against the CPU reference.
+    Verify(verify::VerifyArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -26,11 +34,21 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Info(args) => info::run(&args),
         Command::Capacity(args) => capacity::run(&args),
+        Command::Run(args) => run::run(&args),
+        Command::Verify(args) => match verify::run(&args) {
+            // verify has printed its table and which checks failed.
+            Ok(false) => return std::process::ExitCode::FAILURE,
+            other => other.map(|_| ()),
+        },
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("kvattn: {e}");
+            // One line, whatever the message holds (driver and validator messages have
+            // newlines).
+            let msg = e.to_string();
+            let line: Vec<&str> = msg.split_whitespace().collect();
+            eprintln!("kvattn: {}", line.join(" "));
             std::process::ExitCode::FAILURE
         }
     }

@@ -1,0 +1,1062 @@
+//! `kvattn verify`: every kernel and storage format this adapter supports, against the CPU
+//! oracles, over a built-in grid; a table of errors; a non-zero exit if anything fails.
+//!
+//! Kernels and oracles:
+//! - `decode` (contiguous decode): [`kvattn::reference::attention`] on the values the kernel
+//!   stores (K/V rounded to the storage format);
+//! - `paged` (attention over the paged cache, decode and prefill batches, free blocks shuffled):
+//!   the same reference; while the kernel is not implemented its rows read "unavailable";
+//! - `dequant` (the GPU KV decoders): the CPU codec, bit for bit;
+//! - `append_kv` (the paged cache's append, pools split over several bindings): the CPU
+//!   encoder's words, bit for bit.
+//!
+//! Tolerances are the crate's (README "Tolerances"): f32 kernels within
+//! `1e-4 * max(1, max |ref|)`, lse within `1e-4`; f16 kernels within twice the error of an
+//! honest f16 emulation (Q, K, V and the probabilities rounded to f16, everything else in f64)
+//! plus `1e-5` of the output scale.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use kvattn::attention::decode::{decode_batch, DecodeConfig};
+use kvattn::attention::{AttentionOptions, AttentionShape, RaggedBatch};
+use kvattn::cache::append_kv::SourceDtype;
+use kvattn::cache::paged::{AppendBatch, PagedKvCache, PagedKvConfig, PoolSize};
+use kvattn::gpu::{Context, ContextOptions};
+use kvattn::quant::dequant::dequantize;
+use kvattn::quant::pack::pack_halves;
+use kvattn::quant::{decode_rows, encode_rows, KvDtype, ScaleMode};
+use kvattn::reference::{self, AttentionOutput};
+use kvattn::shader::Precision;
+use kvattn::{Error, Result};
+
+use crate::run::{check_paged, run_paged, PagedSetup};
+
+/// Arguments of `kvattn verify`.
+#[derive(clap::Args)]
+pub struct VerifyArgs {
+    /// A subset of the grid that runs in about a minute on a software adapter.
+    #[arg(long)]
+    quick: bool,
+    /// Only the checks of these kernels (decode, paged, dequant, append_kv); repeatable.
+    #[arg(long = "kernel", value_name = "NAME")]
+    kernels: Vec<String>,
+}
+
+/// The error the paged kernel returns until it is implemented; rows that get exactly this
+/// error are reported as unavailable, not failed.
+const PAGED_UNIMPLEMENTED: &str = "paged attention is not implemented yet";
+
+/// Storage formats the attention kernels read.
+const ATTN_DTYPES: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
+
+/// Key lengths of the sequences of every decode batch.
+const CONTEXTS: [usize; 4] = [1, 17, 97, 1000];
+
+/// Option sets of the grid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Opts {
+    /// Causal, default scale.
+    Plain,
+    /// Sliding window and logit softcap.
+    WindowSoftcap,
+    /// ALiBi, sinks and an explicit scale.
+    AlibiSinks,
+    /// No causal mask.
+    NonCausal,
+}
+
+impl Opts {
+    fn name(self) -> &'static str {
+        match self {
+            Opts::Plain => "",
+            Opts::WindowSoftcap => " window+softcap",
+            Opts::AlibiSinks => " alibi+sinks+scale",
+            Opts::NonCausal => " non-causal",
+        }
+    }
+
+    fn options(self, hq: usize) -> AttentionOptions {
+        match self {
+            Opts::Plain => AttentionOptions::default(),
+            Opts::WindowSoftcap => AttentionOptions {
+                sliding_window: Some(24),
+                softcap: Some(5.0),
+                ..Default::default()
+            },
+            Opts::AlibiSinks => AttentionOptions {
+                scale: Some(0.11),
+                alibi_slopes: Some(
+                    (0..hq)
+                        .map(|h| 2f32.powf(-8.0 * (h + 1) as f32 / hq as f32))
+                        .collect(),
+                ),
+                sinks: Some((0..hq).map(|h| h as f32 * 0.75 - 1.5).collect()),
+                ..Default::default()
+            },
+            Opts::NonCausal => AttentionOptions {
+                causal: false,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+/// An attention problem of the grid: heads and dims, `(len_q, len_k)` per sequence, options.
+#[derive(Debug, Clone)]
+struct Problem {
+    shape: AttentionShape,
+    lens: Vec<(usize, usize)>,
+    opts: Opts,
+}
+
+/// One row of the table to compute.
+#[derive(Debug, Clone)]
+enum Check {
+    Decode {
+        problem: Problem,
+        dtype: KvDtype,
+        precision: Precision,
+    },
+    Paged {
+        problem: Problem,
+        dtype: KvDtype,
+        precision: Precision,
+        block_size: usize,
+    },
+    Dequant {
+        dtype: KvDtype,
+        head_dim: usize,
+        per_tensor: bool,
+    },
+    AppendKv {
+        dtype: KvDtype,
+        head_dim: usize,
+        block_size: usize,
+        src: SourceDtype,
+    },
+}
+
+impl Check {
+    fn kernel(&self) -> &'static str {
+        match self {
+            Check::Decode { .. } => "decode",
+            Check::Paged { .. } => "paged",
+            Check::Dequant { .. } => "dequant",
+            Check::AppendKv { .. } => "append_kv",
+        }
+    }
+
+    /// The kernel and the formats, for the summary of largest errors.
+    fn group(&self) -> String {
+        match self {
+            Check::Decode {
+                dtype, precision, ..
+            }
+            | Check::Paged {
+                dtype, precision, ..
+            } => format!("{} kv {dtype}, {} math", self.kernel(), precision.name()),
+            Check::Dequant { dtype, .. } | Check::AppendKv { dtype, .. } => {
+                format!("{} {dtype}", self.kernel())
+            }
+        }
+    }
+
+    fn name(&self) -> String {
+        fn shape_name(p: &Problem) -> String {
+            let s = &p.shape;
+            let dims = if s.head_dim_qk == s.head_dim_v {
+                format!("d{}", s.head_dim_qk)
+            } else {
+                format!("d{}/{}", s.head_dim_qk, s.head_dim_v)
+            };
+            format!("{dims} h{}/{}", s.num_q_heads, s.num_kv_heads)
+        }
+        match self {
+            Check::Decode {
+                problem,
+                dtype,
+                precision,
+            } => {
+                let ctx: Vec<String> = problem.lens.iter().map(|l| l.1.to_string()).collect();
+                format!(
+                    "{} kv-{dtype} {} ctx {}{}",
+                    shape_name(problem),
+                    precision.name(),
+                    ctx.join(","),
+                    problem.opts.name()
+                )
+            }
+            Check::Paged {
+                problem,
+                dtype,
+                precision,
+                block_size,
+            } => {
+                let lens: Vec<String> = problem
+                    .lens
+                    .iter()
+                    .map(|&(q, k)| {
+                        if q == 1 {
+                            k.to_string()
+                        } else {
+                            format!("{q}/{k}")
+                        }
+                    })
+                    .collect();
+                let mode = if problem.lens.iter().all(|l| l.0 == 1) {
+                    "decode"
+                } else {
+                    "prefill"
+                };
+                format!(
+                    "{mode} {} kv-{dtype} {} bs{block_size} q/k {}{}",
+                    shape_name(problem),
+                    precision.name(),
+                    lens.join(","),
+                    problem.opts.name()
+                )
+            }
+            Check::Dequant {
+                dtype,
+                head_dim,
+                per_tensor,
+            } => {
+                let scale = match (dtype.is_quantized(), per_tensor) {
+                    (false, _) => "",
+                    (true, true) => " per-tensor",
+                    (true, false) if *dtype == KvDtype::Int4 => " per-group",
+                    (true, false) => " per-row",
+                };
+                format!("{dtype} d{head_dim}{scale}")
+            }
+            Check::AppendKv {
+                dtype,
+                head_dim,
+                block_size,
+                src,
+            } => {
+                let src = match src {
+                    SourceDtype::F32 => "f32",
+                    SourceDtype::F16 => "f16",
+                };
+                format!("{dtype} d{head_dim} h{APPEND_KV_HEADS} bs{block_size} from {src}")
+            }
+        }
+    }
+}
+
+/// The grid: the full one, or the `--quick` subset.
+fn grid(quick: bool, precisions: &[Precision]) -> Vec<Check> {
+    let decode_lens: Vec<(usize, usize)> = CONTEXTS.iter().map(|&k| (1, k)).collect();
+    // Chunks after prefixes of 0 to 936 tokens (a shorter last chunk in quick mode).
+    let long_chunk = if quick { 8 } else { 64 };
+    let prefill_lens = vec![(1, 1), (17, 17), (16, 97), (long_chunk, 1000), (3, 40)];
+    let shape = |d: usize, dv: usize, hq: usize, hkv: usize| AttentionShape {
+        num_q_heads: hq,
+        num_kv_heads: hkv,
+        head_dim_qk: d,
+        head_dim_v: dv,
+    };
+    // (head dim, query heads, KV heads, storage format): every shape, or a few in quick mode.
+    let heads: [(usize, usize); 4] = [(4, 4), (16, 4), (32, 4), (8, 1)];
+    let mut shapes: Vec<(AttentionShape, KvDtype)> = Vec::new();
+    if quick {
+        shapes.push((shape(64, 64, 4, 4), KvDtype::F32));
+        shapes.push((shape(80, 80, 8, 1), KvDtype::Bf16));
+        shapes.push((shape(128, 128, 16, 2), KvDtype::F16));
+    } else {
+        for d in [64, 80, 96, 128, 256] {
+            for &(hq, hkv) in &heads {
+                for dtype in ATTN_DTYPES {
+                    shapes.push((shape(d, d, hq, hkv), dtype));
+                }
+            }
+        }
+        shapes.push((shape(192, 128, 8, 2), KvDtype::F16));
+    }
+    let options_shape = shape(128, 128, 16, 4);
+    let option_sets = [Opts::WindowSoftcap, Opts::AlibiSinks];
+
+    let mut checks = Vec::new();
+    // Contiguous decode.
+    for &(s, dtype) in &shapes {
+        for &precision in precisions {
+            checks.push(Check::Decode {
+                problem: Problem {
+                    shape: s,
+                    lens: decode_lens.clone(),
+                    opts: Opts::Plain,
+                },
+                dtype,
+                precision,
+            });
+        }
+    }
+    for opts in option_sets {
+        for &precision in precisions {
+            checks.push(Check::Decode {
+                problem: Problem {
+                    shape: options_shape,
+                    lens: decode_lens.clone(),
+                    opts,
+                },
+                dtype: KvDtype::F16,
+                precision,
+            });
+        }
+    }
+    // Paged: decode and prefill batches, block sizes in turn.
+    let block_sizes = [16, 1, 32, 128, 8];
+    let mut b = 0;
+    let mut next_block = || {
+        b += 1;
+        block_sizes[(b - 1) % block_sizes.len()]
+    };
+    for &(s, dtype) in &shapes {
+        for lens in [&decode_lens, &prefill_lens] {
+            for &precision in precisions {
+                checks.push(Check::Paged {
+                    problem: Problem {
+                        shape: s,
+                        lens: lens.clone(),
+                        opts: Opts::Plain,
+                    },
+                    dtype,
+                    precision,
+                    block_size: next_block(),
+                });
+            }
+        }
+    }
+    for opts in option_sets.into_iter().chain([Opts::NonCausal]) {
+        for lens in [&decode_lens, &prefill_lens] {
+            for &precision in precisions {
+                checks.push(Check::Paged {
+                    problem: Problem {
+                        shape: options_shape,
+                        lens: lens.clone(),
+                        opts,
+                    },
+                    dtype: KvDtype::Bf16,
+                    precision,
+                    block_size: next_block(),
+                });
+            }
+        }
+    }
+    // KV decoders: every format, per-tensor and per-row FP8 scales.
+    let dims: &[usize] = if quick {
+        &[128]
+    } else {
+        &[64, 80, 96, 128, 256]
+    };
+    for &head_dim in dims {
+        for dtype in KvDtype::ALL {
+            if dtype.check_head_dim(head_dim).is_err() {
+                continue;
+            }
+            checks.push(Check::Dequant {
+                dtype,
+                head_dim,
+                per_tensor: false,
+            });
+            if dtype.fp8_format().is_some() {
+                checks.push(Check::Dequant {
+                    dtype,
+                    head_dim,
+                    per_tensor: true,
+                });
+            }
+        }
+    }
+    // Appends into the paged cache.
+    let appends: Vec<(usize, usize)> = if quick {
+        vec![(128, 16)]
+    } else {
+        // Blocks of at most 64 KiB: a block must fit one (capped) binding.
+        vec![(64, 1), (80, 16), (128, 16), (256, 32)]
+    };
+    for (head_dim, block_size) in appends {
+        for dtype in ATTN_DTYPES {
+            for src in [SourceDtype::F32, SourceDtype::F16] {
+                checks.push(Check::AppendKv {
+                    dtype,
+                    head_dim,
+                    block_size,
+                    src,
+                });
+            }
+        }
+    }
+    checks
+}
+
+/// How a row came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Pass,
+    Fail,
+    Unavailable,
+}
+
+/// A computed row of the table.
+struct Outcome {
+    status: Status,
+    /// Largest absolute error of the output (NaN: not measured).
+    max_err: f64,
+    /// Normalized mean squared error of the output (NaN: not measured).
+    nmse: f64,
+    /// Largest absolute error of the lse, for attention kernels.
+    lse_err: Option<f64>,
+    /// The error of a kernel that failed to run, or what else is worth saying.
+    note: Option<String>,
+}
+
+impl Outcome {
+    fn unmeasured(status: Status, note: String) -> Self {
+        Self {
+            status,
+            max_err: f64::NAN,
+            nmse: f64::NAN,
+            lse_err: None,
+            note: Some(note),
+        }
+    }
+}
+
+/// xorshift64*: deterministic test data without dependencies.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn uniform(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// `n` standard normal values (Box-Muller) times `scale`.
+    fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let u1 = self.uniform().max(1e-300);
+                let u2 = self.uniform();
+                let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+                z as f32 * scale
+            })
+            .collect()
+    }
+}
+
+/// Largest absolute difference; NaN anywhere counts as infinite.
+fn max_abs_err(got: &[f32], want: &[f32]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| {
+            if g.is_nan() || w.is_nan() {
+                f64::INFINITY
+            } else if g == w {
+                0.0
+            } else {
+                (f64::from(g) - f64::from(w)).abs()
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+/// `sum (got - want)^2 / sum want^2` (0 when both are all zero); NaN anywhere counts as infinite.
+fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    if got.len() != want.len() || got.iter().chain(want).any(|x| x.is_nan()) {
+        return f64::INFINITY;
+    }
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        num += (f64::from(g) - f64::from(w)).powi(2);
+        den += f64::from(w).powi(2);
+    }
+    if num == 0.0 {
+        0.0
+    } else {
+        num / den
+    }
+}
+
+/// The values a kernel reads back from `dtype` storage.
+fn stored(dtype: KvDtype, head_dim: usize, x: &[f32]) -> Result<Vec<f32>> {
+    decode_rows(&encode_rows(dtype, head_dim, x, ScaleMode::PerRow)?)
+}
+
+fn to_f16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+}
+
+/// The f16 kernels' arithmetic done honestly on the CPU: Q, K, V and the probabilities (relative
+/// to the row's maximum) rounded to f16, everything else in f64, with the masks and options of
+/// [`kvattn::reference`].
+fn f16_emulation(
+    batch: &RaggedBatch,
+    shape: &AttentionShape,
+    opts: &AttentionOptions,
+) -> AttentionOutput {
+    let (q, k, v) = (to_f16(batch.q), to_f16(batch.k), to_f16(batch.v));
+    let (hq, hkv) = (shape.num_q_heads, shape.num_kv_heads);
+    let (d, dv) = (shape.head_dim_qk, shape.head_dim_v);
+    let scale = f64::from(opts.scale_for(shape));
+    let mut out = vec![0.0f32; batch.total_q() * hq * dv];
+    let mut lse = vec![0.0f32; batch.total_q() * hq];
+    for seq in 0..batch.num_seqs() {
+        let (q_rows, k_rows) = batch.token_ranges(seq);
+        let (len_q, len_k) = (q_rows.len() as i64, k_rows.len() as i64);
+        for (i, row) in q_rows.enumerate() {
+            let pos = i as i64 + len_k - len_q;
+            for h in 0..hq {
+                let kvh = h / shape.group();
+                let qr = &q[(row * hq + h) * d..][..d];
+                let mut keys = Vec::new();
+                let mut scores = Vec::new();
+                for (j, kr) in k_rows.clone().enumerate() {
+                    let j = j as i64;
+                    let visible = !opts.causal
+                        || (j <= pos && opts.sliding_window.is_none_or(|w| j > pos - w as i64));
+                    if !visible {
+                        continue;
+                    }
+                    let kv = &k[(kr * hkv + kvh) * d..][..d];
+                    let dot: f64 = qr
+                        .iter()
+                        .zip(kv)
+                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                        .sum();
+                    let mut s = scale * dot;
+                    if let Some(cap) = opts.softcap {
+                        let cap = f64::from(cap);
+                        s = cap * (s / cap).tanh();
+                    }
+                    if let Some(slopes) = &opts.alibi_slopes {
+                        s -= f64::from(slopes[h]) * (pos - j).unsigned_abs() as f64;
+                    }
+                    keys.push(kr);
+                    scores.push(s);
+                }
+                let sink = opts.sinks.as_ref().map(|s| f64::from(s[h]));
+                let m = scores
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let p: Vec<f64> = scores
+                    .iter()
+                    .map(|&s| f64::from(half::f16::from_f64((s - m).exp()).to_f32()))
+                    .collect();
+                let l: f64 = p.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
+                lse[row * hq + h] = (m + l.ln()) as f32;
+                for c in 0..dv {
+                    let acc: f64 = keys
+                        .iter()
+                        .zip(&p)
+                        .map(|(&kr, &pj)| pj * f64::from(v[(kr * hkv + kvh) * dv + c]))
+                        .sum();
+                    out[(row * hq + h) * dv + c] = (acc / l) as f32;
+                }
+            }
+        }
+    }
+    AttentionOutput { out, lse }
+}
+
+/// Random tensors of a problem (`q` already sized for its query rows).
+struct ProblemData {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    cu_q: Vec<u32>,
+    cu_k: Vec<u32>,
+}
+
+impl ProblemData {
+    fn new(p: &Problem, seed: u64) -> Self {
+        let s = &p.shape;
+        let mut cu_q = vec![0u32];
+        let mut cu_k = vec![0u32];
+        for &(lq, lk) in &p.lens {
+            cu_q.push(cu_q.last().unwrap() + lq as u32);
+            cu_k.push(cu_k.last().unwrap() + lk as u32);
+        }
+        let (tq, tk) = (
+            *cu_q.last().unwrap() as usize,
+            *cu_k.last().unwrap() as usize,
+        );
+        let mut rng = Rng::new(seed);
+        Self {
+            q: rng.normals(tq * s.num_q_heads * s.head_dim_qk, 1.0),
+            k: rng.normals(tk * s.num_kv_heads * s.head_dim_qk, 1.0),
+            v: rng.normals(tk * s.num_kv_heads * s.head_dim_v, 1.0),
+            cu_q,
+            cu_k,
+        }
+    }
+
+    fn batch<'a>(&'a self, k: &'a [f32], v: &'a [f32]) -> RaggedBatch<'a> {
+        RaggedBatch {
+            q: &self.q,
+            k,
+            v,
+            cu_seqlens_q: &self.cu_q,
+            cu_seqlens_k: &self.cu_k,
+        }
+    }
+}
+
+/// The oracle of an attention check: the reference on the stored values and, for f16 kernels,
+/// the honest f16 emulation on the same values.
+struct Oracle {
+    want: AttentionOutput,
+    f16: Option<AttentionOutput>,
+}
+
+/// FNV-1a of `text`: the data seed of a problem, so checks of the same problem (decode and
+/// paged, both precisions) see the same data and share their oracle.
+fn seed_of(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// What the verifier keeps across checks: the adapter and, made on first use, a second
+/// context whose storage bindings are capped so that pools split over several buffers.
+struct Verifier {
+    ctx: Context,
+    capped: Option<Context>,
+    /// Oracles by problem and storage format.
+    oracles: HashMap<String, Oracle>,
+}
+
+/// Binding cap of the append checks' context (pools span several buffers).
+const APPEND_BINDING_CAP: u64 = 64 << 10;
+/// KV heads of the append checks.
+const APPEND_KV_HEADS: usize = 2;
+
+impl Verifier {
+    /// Compares an attention kernel's output with the reference on the stored values, with the
+    /// tolerance of `precision`.
+    fn judge_attention(
+        &mut self,
+        got: &AttentionOutput,
+        data: &ProblemData,
+        problem: &Problem,
+        dtype: KvDtype,
+        precision: Precision,
+    ) -> Result<Outcome> {
+        let s = &problem.shape;
+        let opts = problem.opts.options(s.num_q_heads);
+        let k = stored(dtype, s.head_dim_qk, &data.k)?;
+        let v = stored(dtype, s.head_dim_v, &data.v)?;
+        let batch = data.batch(&k, &v);
+        let key = format!("{problem:?} {dtype}");
+        if !self.oracles.contains_key(&key) {
+            let want = reference::attention(&batch, s, &opts)?;
+            self.oracles.insert(key.clone(), Oracle { want, f16: None });
+        }
+        let oracle = self.oracles.get_mut(&key).expect("inserted above");
+        if precision == Precision::F16 && oracle.f16.is_none() {
+            oracle.f16 = Some(f16_emulation(&batch, s, &opts));
+        }
+        let want = &oracle.want;
+        let scale = want
+            .out
+            .iter()
+            .map(|x| f64::from(x.abs()))
+            .fold(1.0, f64::max);
+        let (bound, lse_bound) = match (precision, &oracle.f16) {
+            (Precision::F16, Some(emu)) => (
+                2.0 * max_abs_err(&emu.out, &want.out) + 1e-5 * scale,
+                2.0 * max_abs_err(&emu.lse, &want.lse) + 1e-5,
+            ),
+            _ => (1e-4 * scale, 1e-4),
+        };
+        let max_err = max_abs_err(&got.out, &want.out);
+        let lse_err = max_abs_err(&got.lse, &want.lse);
+        let pass = max_err <= bound && lse_err <= lse_bound;
+        Ok(Outcome {
+            status: if pass { Status::Pass } else { Status::Fail },
+            max_err,
+            nmse: nmse(&got.out, &want.out),
+            lse_err: Some(lse_err),
+            note: (!pass).then(|| {
+                format!(
+                    "out error {max_err:.3e} (bound {bound:.3e}), lse error {lse_err:.3e} (bound {lse_bound:.3e})"
+                )
+            }),
+        })
+    }
+
+    fn run(&mut self, check: &Check, seed: u64) -> Result<Outcome> {
+        match check {
+            Check::Decode {
+                problem,
+                dtype,
+                precision,
+            } => {
+                let data = ProblemData::new(problem, seed_of(&format!("{problem:?}")));
+                let opts = problem.opts.options(problem.shape.num_q_heads);
+                let config = DecodeConfig {
+                    k_dtype: *dtype,
+                    v_dtype: *dtype,
+                    precision: *precision,
+                };
+                let batch = data.batch(&data.k, &data.v);
+                match decode_batch(&self.ctx, &batch, &problem.shape, &opts, &config) {
+                    Ok(got) => self.judge_attention(&got, &data, problem, *dtype, *precision),
+                    Err(e) => Ok(Outcome::unmeasured(Status::Fail, e.to_string())),
+                }
+            }
+            Check::Paged {
+                problem,
+                dtype,
+                precision,
+                block_size,
+            } => {
+                let data = ProblemData::new(problem, seed_of(&format!("{problem:?}")));
+                let opts = problem.opts.options(problem.shape.num_q_heads);
+                let setup = PagedSetup {
+                    k_dtype: *dtype,
+                    v_dtype: *dtype,
+                    block_size: *block_size,
+                    precision: *precision,
+                    seed,
+                };
+                let batch = data.batch(&data.k, &data.v);
+                let result = check_paged(&batch, &problem.shape, &opts, &setup)
+                    .and_then(|()| run_paged(&self.ctx, &batch, &problem.shape, &opts, &setup));
+                match result {
+                    Ok(got) => self.judge_attention(&got, &data, problem, *dtype, *precision),
+                    Err(Error::InvalidArgument(m)) if m == PAGED_UNIMPLEMENTED => {
+                        Ok(Outcome::unmeasured(Status::Unavailable, m))
+                    }
+                    Err(e) => Ok(Outcome::unmeasured(Status::Fail, e.to_string())),
+                }
+            }
+            Check::Dequant {
+                dtype,
+                head_dim,
+                per_tensor,
+            } => self.dequant(*dtype, *head_dim, *per_tensor, seed),
+            Check::AppendKv {
+                dtype,
+                head_dim,
+                block_size,
+                src,
+            } => self.append_kv(*dtype, *head_dim, *block_size, *src, seed),
+        }
+    }
+
+    /// GPU decoders against the CPU codec on 3 x 37 rows with an outlier per row.
+    fn dequant(&self, dtype: KvDtype, d: usize, per_tensor: bool, seed: u64) -> Result<Outcome> {
+        let rows = 3 * 37;
+        let mut x = Rng::new(seed).normals(rows * d, 2.0);
+        for (r, row) in x.chunks_mut(d).enumerate() {
+            row[r % d] *= 40.0;
+        }
+        let mode = match dtype.fp8_format() {
+            Some(fmt) if per_tensor => {
+                let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                ScaleMode::PerTensor(amax / fmt.max_value())
+            }
+            _ => ScaleMode::PerRow,
+        };
+        let rows = encode_rows(dtype, d, &x, mode)?;
+        let want = decode_rows(&rows)?;
+        match dequantize(&self.ctx, &rows) {
+            Ok(got) => Ok(exact_outcome(&got, &want)),
+            Err(e) => Ok(Outcome::unmeasured(Status::Fail, e.to_string())),
+        }
+    }
+
+    /// Appends three sequences in two interleaved rounds into a cache whose pools span several
+    /// buffers, free blocks shuffled, and compares the stored words with the CPU encoder's.
+    fn append_kv(
+        &mut self,
+        dtype: KvDtype,
+        d: usize,
+        block_size: usize,
+        src: SourceDtype,
+        seed: u64,
+    ) -> Result<Outcome> {
+        if self.capped.is_none() {
+            self.capped = Some(Context::with_options(&ContextOptions {
+                max_storage_binding_cap: Some(APPEND_BINDING_CAP),
+                ..Default::default()
+            })?);
+        }
+        let ctx = self.capped.as_ref().expect("created above");
+        let hkv = APPEND_KV_HEADS;
+        let lens = [5usize, 17, 40];
+        let row = hkv * d;
+        let mut rng = Rng::new(seed);
+        let mut data: Vec<(Vec<f32>, Vec<f32>)> = lens
+            .iter()
+            .map(|&n| (rng.normals(n * row, 1.5), rng.normals(n * row, 1.5)))
+            .collect();
+        if src == SourceDtype::F16 {
+            for (k, v) in &mut data {
+                *k = to_f16(k);
+                *v = to_f16(v);
+            }
+        }
+        let config = PagedKvConfig {
+            block_size,
+            prefix_caching: false,
+            ..PagedKvConfig::new(1, hkv, d, dtype)
+        };
+        // At least twice the blocks needed, and enough for three or more buffers.
+        let needed: usize = lens.iter().map(|n| n.div_ceil(block_size)).sum();
+        let per_buffer = (APPEND_BINDING_CAP / config.k_layout().block_bytes()).max(1) as usize;
+        let blocks = (2 * needed + 2).max(2 * per_buffer + 1);
+        let mut cache = PagedKvCache::new(ctx, config, PoolSize::Blocks(blocks))?;
+        cache.shuffle_free_blocks(seed);
+        let buffers = cache.layer(0)?.k.buffers().len();
+        for s in 0..lens.len() {
+            cache.add_sequence(s as u64, &[])?;
+        }
+        // Two rounds: the first 2/3 of every sequence, then the rest.
+        let split: Vec<usize> = lens.iter().map(|&n| (2 * n).div_ceil(3)).collect();
+        for round in 0..2 {
+            let ranges: Vec<std::ops::Range<usize>> = lens
+                .iter()
+                .zip(&split)
+                .map(|(&n, &m)| if round == 0 { 0..m } else { m..n })
+                .collect();
+            match src {
+                SourceDtype::F32 => {
+                    for (s, r) in ranges.iter().enumerate() {
+                        let (k, v) = &data[s];
+                        let tokens: Vec<u32> = r.clone().map(|t| t as u32).collect();
+                        cache.append_host(
+                            ctx,
+                            s as u64,
+                            &tokens,
+                            &[k[r.start * row..r.end * row].to_vec()],
+                            &[v[r.start * row..r.end * row].to_vec()],
+                        )?;
+                    }
+                }
+                SourceDtype::F16 => {
+                    let mut batch = AppendBatch::new();
+                    let (mut kh, mut vh) = (Vec::new(), Vec::new());
+                    for (s, r) in ranges.iter().enumerate() {
+                        let (k, v) = &data[s];
+                        let tokens: Vec<u32> = r.clone().map(|t| t as u32).collect();
+                        cache.append_tokens(ctx, &mut batch, s as u64, &tokens)?;
+                        let bits = |x: &[f32]| {
+                            x.iter()
+                                .map(|&v| half::f16::from_f32(v).to_bits())
+                                .collect::<Vec<u16>>()
+                        };
+                        kh.extend(bits(&k[r.start * row..r.end * row]));
+                        vh.extend(bits(&v[r.start * row..r.end * row]));
+                    }
+                    let kb = ctx.upload("verify k", &pack_halves(&kh))?;
+                    let vb = ctx.upload("verify v", &pack_halves(&vh))?;
+                    cache.write_layer(ctx, 0, &batch, &kb, &vb, SourceDtype::F16)?;
+                }
+            }
+        }
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        let mut mismatched = 0usize;
+        for (s, (k, v)) in data.iter().enumerate() {
+            let (gk, gv) = cache.read_words(ctx, s as u64, 0)?;
+            let ek = encode_rows(dtype, d, k, ScaleMode::PerRow)?;
+            let ev = encode_rows(dtype, d, v, ScaleMode::PerRow)?;
+            for (g, e) in [(gk, ek), (gv, ev)] {
+                mismatched += g.iter().zip(&e.words).filter(|(a, b)| a != b).count()
+                    + g.len().abs_diff(e.words.len());
+                want.extend(decode_rows(&e)?);
+                let g = kvattn::quant::EncodedRows { words: g, ..e };
+                got.extend(decode_rows(&g)?);
+            }
+        }
+        let mut outcome = exact_outcome(&got, &want);
+        if mismatched > 0 {
+            outcome.status = Status::Fail;
+            outcome.note = Some(format!(
+                "{mismatched} stored words differ from the CPU encoder's"
+            ));
+        }
+        if buffers < 3 {
+            outcome
+                .note
+                .get_or_insert_with(|| format!("K pool in only {buffers} buffer(s)"));
+        }
+        Ok(outcome)
+    }
+}
+
+/// A bit-exact comparison: pass iff every value has the same bits.
+fn exact_outcome(got: &[f32], want: &[f32]) -> Outcome {
+    let same = got.len() == want.len()
+        && got
+            .iter()
+            .zip(want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+    Outcome {
+        status: if same { Status::Pass } else { Status::Fail },
+        max_err: max_abs_err(got, want),
+        nmse: nmse(got, want),
+        lse_err: None,
+        note: (!same).then(|| "not bit-exact with the CPU codec".to_string()),
+    }
+}
+
+fn fmt_err(x: f64) -> String {
+    if x.is_nan() {
+        "-".into()
+    } else if x == 0.0 {
+        "0".into()
+    } else {
+        format!("{x:.2e}")
+    }
+}
+
+/// Runs `kvattn verify`; `Ok(false)` when some check failed (the table says which).
+pub fn run(args: &VerifyArgs) -> Result<bool> {
+    const KERNELS: [&str; 4] = ["decode", "paged", "dequant", "append_kv"];
+    if let Some(bad) = args.kernels.iter().find(|k| !KERNELS.contains(&k.as_str())) {
+        return Err(Error::InvalidArgument(format!(
+            "unknown kernel {bad:?}; valid: {}",
+            KERNELS.join(", ")
+        )));
+    }
+    let start = Instant::now();
+    let ctx = Context::new()?;
+    let a = ctx.adapter();
+    let mut precisions = vec![Precision::F32];
+    if ctx.caps().shader_f16 {
+        precisions.push(Precision::F16);
+    }
+    let mut checks = grid(args.quick, &precisions);
+    if !args.kernels.is_empty() {
+        checks.retain(|c| args.kernels.iter().any(|k| k == c.kernel()));
+    }
+    println!(
+        "kvattn verify{} on {} ({}, {}); features [{}]",
+        if args.quick { " --quick" } else { "" },
+        a.name,
+        a.backend,
+        a.device_type,
+        ctx.caps().feature_names().join(", ")
+    );
+    let mut verifier = Verifier {
+        ctx,
+        capped: None,
+        oracles: HashMap::new(),
+    };
+    let mut rows = Vec::with_capacity(checks.len());
+    for (i, check) in checks.iter().enumerate() {
+        let name = check.name();
+        eprint!(
+            "verify [{:>3}/{}] {} {name} ... ",
+            i + 1,
+            checks.len(),
+            check.kernel()
+        );
+        let t = Instant::now();
+        let outcome = verifier
+            .run(check, 0x5eed + i as u64)
+            .unwrap_or_else(|e| Outcome::unmeasured(Status::Fail, e.to_string()));
+        let status = match outcome.status {
+            Status::Pass => "pass",
+            Status::Fail => "FAIL",
+            Status::Unavailable => "unavailable",
+        };
+        eprintln!("{status} ({:.2}s)", t.elapsed().as_secs_f64());
+        rows.push((check, name, outcome));
+    }
+    print_table(&rows);
+    let count = |s: Status| rows.iter().filter(|r| r.2.status == s).count();
+    let (passed, failed, unavailable) = (
+        count(Status::Pass),
+        count(Status::Fail),
+        count(Status::Unavailable),
+    );
+    println!(
+        "{} checks: {passed} passed, {failed} failed, {unavailable} unavailable ({:.1}s)",
+        rows.len(),
+        start.elapsed().as_secs_f64()
+    );
+    if failed > 0 {
+        eprintln!("kvattn: verify: {failed} of {} checks failed", rows.len());
+    }
+    Ok(failed == 0)
+}
+
+fn print_table(rows: &[(&Check, String, Outcome)]) {
+    let case_w = rows.iter().map(|r| r.1.len()).max().unwrap_or(4).max(4);
+    println!(
+        "{:<9}  {:<case_w$}  {:>9}  {:>9}  {:>9}  result",
+        "kernel", "case", "max error", "NMSE", "lse error"
+    );
+    for (check, name, o) in rows {
+        let status = match o.status {
+            Status::Pass => "pass",
+            Status::Fail => "FAIL",
+            Status::Unavailable => "unavailable",
+        };
+        println!(
+            "{:<9}  {name:<case_w$}  {:>9}  {:>9}  {:>9}  {status}",
+            check.kernel(),
+            fmt_err(o.max_err),
+            fmt_err(o.nmse),
+            o.lse_err.map_or("-".into(), fmt_err),
+        );
+    }
+    // Notes: why rows failed or were unavailable (once per distinct message).
+    let mut notes: Vec<String> = Vec::new();
+    for (check, name, o) in rows {
+        if let Some(n) = &o.note {
+            let line = match o.status {
+                Status::Unavailable => format!("{}: unavailable: {n}", check.kernel()),
+                _ => format!("{} {name}: {n}", check.kernel()),
+            };
+            if !notes.contains(&line) {
+                notes.push(line);
+            }
+        }
+    }
+    for n in notes {
+        println!("note: {}", n.replace('\n', " "));
+    }
+    // Largest errors per kernel and format, over the measured rows.
+    let mut groups: Vec<(String, f64, f64)> = Vec::new();
+    for (check, _, o) in rows {
+        if o.max_err.is_nan() {
+            continue;
+        }
+        let g = check.group();
+        let lse = o.lse_err.unwrap_or(f64::NAN);
+        match groups.iter_mut().find(|x| x.0 == g) {
+            Some(x) => {
+                x.1 = x.1.max(o.max_err);
+                x.2 = x.2.max(lse);
+            }
+            None => groups.push((g, o.max_err, lse)),
+        }
+    }
+    if !groups.is_empty() {
+        println!("largest errors:");
+        for (g, e, l) in groups {
+            if l.is_nan() {
+                println!("  {g:<28} out {}", fmt_err(e));
+            } else {
+                println!("  {g:<28} out {}  lse {}", fmt_err(e), fmt_err(l));
+            }
+        }
+    }
+}

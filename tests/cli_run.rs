@@ -1,0 +1,727 @@
+//! `kvattn run attention`, `kvattn run quantize` and `kvattn verify --quick` end to end: the
+//! built binary on case files written here, results compared with the CPU reference and codec;
+//! every kind of invalid input fails with one line on stderr and writes nothing. The GPU runs
+//! use the adapter `WGPU_BACKEND` selects.
+#![cfg(feature = "cli")]
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::{max_abs_err, output_scale, Rng};
+use kvattn::attention::{AttentionOptions, AttentionShape, RaggedBatch};
+use kvattn::quant::pack::words_to_le_bytes;
+use kvattn::quant::{decode_rows, encode_rows, Int4Params, KvDtype, ScaleMode};
+use kvattn::reference;
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+
+/// Whether `paged_attention_host` is implemented. While it is not, `run attention` on a valid
+/// case must fail with its "not implemented yet" error (and write nothing).
+const PAGED_IMPLEMENTED: bool = true;
+const UNIMPLEMENTED: &str = "paged attention is not implemented yet";
+
+fn kvattn(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvattn"))
+        .args(args)
+        .output()
+        .expect("run kvattn")
+}
+
+/// A fresh, empty directory for one test.
+fn temp_dir(name: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "kvattn-cli-run-{}-{name}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A tensor to write: name, dtype, shape, little-endian bytes.
+#[derive(Clone)]
+struct RawTensor {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+fn f32_t(name: &str, shape: Vec<usize>, data: &[f32]) -> RawTensor {
+    RawTensor {
+        name: name.into(),
+        dtype: Dtype::F32,
+        shape,
+        bytes: data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+fn i32_t(name: &str, data: &[i32]) -> RawTensor {
+    RawTensor {
+        name: name.into(),
+        dtype: Dtype::I32,
+        shape: vec![data.len()],
+        bytes: data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// Tensors and metadata of a case file, editable before writing.
+#[derive(Clone)]
+struct CaseFile {
+    tensors: Vec<RawTensor>,
+    meta: HashMap<String, String>,
+}
+
+impl CaseFile {
+    /// Replaces (or adds) a tensor.
+    fn set(&mut self, t: RawTensor) -> &mut Self {
+        self.tensors.retain(|x| x.name != t.name);
+        self.tensors.push(t);
+        self
+    }
+
+    fn meta(&mut self, key: &str, value: &str) -> &mut Self {
+        self.meta.insert(key.into(), value.into());
+        self
+    }
+
+    fn write(&self, path: &Path) {
+        let views: Vec<(String, TensorView)> = self
+            .tensors
+            .iter()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    TensorView::new(t.dtype, t.shape.clone(), &t.bytes).unwrap(),
+                )
+            })
+            .collect();
+        let meta = (!self.meta.is_empty()).then(|| self.meta.clone());
+        std::fs::write(path, safetensors::serialize(views, meta).unwrap()).unwrap();
+    }
+}
+
+/// A random attention problem in the varlen layout.
+struct Problem {
+    shape: AttentionShape,
+    opts: AttentionOptions,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    cu_q: Vec<u32>,
+    cu_k: Vec<u32>,
+}
+
+impl Problem {
+    /// `lens` are `(len_q, len_k)` per sequence.
+    fn new(hq: usize, hkv: usize, d: usize, dv: usize, lens: &[(usize, usize)], seed: u64) -> Self {
+        let (mut cu_q, mut cu_k) = (vec![0u32], vec![0u32]);
+        for &(lq, lk) in lens {
+            cu_q.push(cu_q.last().unwrap() + lq as u32);
+            cu_k.push(cu_k.last().unwrap() + lk as u32);
+        }
+        let (tq, tk) = (
+            *cu_q.last().unwrap() as usize,
+            *cu_k.last().unwrap() as usize,
+        );
+        let mut rng = Rng::new(seed);
+        Self {
+            shape: AttentionShape {
+                num_q_heads: hq,
+                num_kv_heads: hkv,
+                head_dim_qk: d,
+                head_dim_v: dv,
+            },
+            opts: AttentionOptions::default(),
+            q: rng.normals(tq * hq * d, 1.0),
+            k: rng.normals(tk * hkv * d, 1.0),
+            v: rng.normals(tk * hkv * dv, 1.0),
+            cu_q,
+            cu_k,
+        }
+    }
+
+    /// The case file of DESIGN.md section 9 for this problem.
+    fn file(&self) -> CaseFile {
+        let s = &self.shape;
+        let (tq, tk) = (
+            *self.cu_q.last().unwrap() as usize,
+            *self.cu_k.last().unwrap() as usize,
+        );
+        let cu = |c: &[u32]| c.iter().map(|&x| x as i32).collect::<Vec<_>>();
+        let mut f = CaseFile {
+            tensors: vec![
+                f32_t("q", vec![tq, s.num_q_heads, s.head_dim_qk], &self.q),
+                f32_t("k", vec![tk, s.num_kv_heads, s.head_dim_qk], &self.k),
+                f32_t("v", vec![tk, s.num_kv_heads, s.head_dim_v], &self.v),
+                i32_t("cu_seqlens_q", &cu(&self.cu_q)),
+                i32_t("cu_seqlens_k", &cu(&self.cu_k)),
+            ],
+            meta: HashMap::new(),
+        };
+        let o = &self.opts;
+        if !o.causal {
+            f.meta("causal", "false");
+        }
+        if let Some(x) = o.scale {
+            f.meta("scale", &x.to_string());
+        }
+        if let Some(w) = o.sliding_window {
+            f.meta("sliding_window", &w.to_string());
+        }
+        if let Some(c) = o.softcap {
+            f.meta("softcap", &c.to_string());
+        }
+        if let Some(x) = &o.sinks {
+            f.set(f32_t("sinks", vec![x.len()], x));
+        }
+        if let Some(x) = &o.alibi_slopes {
+            f.set(f32_t("alibi_slopes", vec![x.len()], x));
+        }
+        f
+    }
+
+    /// The reference on the values stored in `k_dtype` / `v_dtype`.
+    fn reference(&self, k_dtype: KvDtype, v_dtype: KvDtype) -> reference::AttentionOutput {
+        let stored = |dtype, d, x: &[f32]| {
+            decode_rows(&encode_rows(dtype, d, x, ScaleMode::PerRow).unwrap()).unwrap()
+        };
+        let k = stored(k_dtype, self.shape.head_dim_qk, &self.k);
+        let v = stored(v_dtype, self.shape.head_dim_v, &self.v);
+        let batch = RaggedBatch {
+            q: &self.q,
+            k: &k,
+            v: &v,
+            cu_seqlens_q: &self.cu_q,
+            cu_seqlens_k: &self.cu_k,
+        };
+        reference::attention(&batch, &self.shape, &self.opts).unwrap()
+    }
+}
+
+/// A result file: tensors as (shape, f32 or u8 values) and metadata.
+struct Result_ {
+    f32s: HashMap<String, (Vec<usize>, Vec<f32>)>,
+    u8s: HashMap<String, (Vec<usize>, Vec<u8>)>,
+    meta: HashMap<String, String>,
+}
+
+fn read_result(path: &Path) -> Result_ {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+    let mut r = Result_ {
+        f32s: HashMap::new(),
+        u8s: HashMap::new(),
+        meta: header.metadata().clone().unwrap_or_default(),
+    };
+    for (name, t) in st.tensors() {
+        match t.dtype() {
+            Dtype::F32 => {
+                let x = t
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                r.f32s.insert(name, (t.shape().to_vec(), x));
+            }
+            Dtype::U8 => {
+                r.u8s.insert(name, (t.shape().to_vec(), t.data().to_vec()));
+            }
+            other => panic!("unexpected dtype {other:?} of {name}"),
+        }
+    }
+    r
+}
+
+/// Whether the adapter has shader-f16 (from `kvattn info --json`).
+fn has_f16() -> bool {
+    let out = kvattn(&["info", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f == "shader-f16")
+}
+
+/// Runs `run attention` on `p` with `flags` and checks the result against the reference on the
+/// stored values (f32 precision: 1e-4 of the output scale; f16: 1e-2).
+fn check_attention(name: &str, p: &Problem, flags: &[&str], k: KvDtype, v: KvDtype) {
+    let dir = temp_dir(name);
+    let (case, out) = (dir.join("case.safetensors"), dir.join("out.safetensors"));
+    p.file().write(&case);
+    let mut args = vec!["run", "attention", "--in", s(&case), "--out", s(&out)];
+    args.extend_from_slice(flags);
+    let o = kvattn(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    if !PAGED_IMPLEMENTED {
+        assert!(
+            !o.status.success(),
+            "{name}: succeeded before the kernel exists"
+        );
+        assert!(err.contains(UNIMPLEMENTED), "{name}: {err}");
+        assert!(!out.exists(), "{name}: wrote a result on error");
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+    assert!(o.status.success(), "{name}: {err}");
+    let r = read_result(&out);
+    let sh = &p.shape;
+    let tq = *p.cu_q.last().unwrap() as usize;
+    let (out_shape, got_out) = &r.f32s["out"];
+    let (lse_shape, got_lse) = &r.f32s["lse"];
+    assert_eq!(out_shape, &vec![tq, sh.num_q_heads, sh.head_dim_v]);
+    assert_eq!(lse_shape, &vec![tq, sh.num_q_heads]);
+    let f16 = flags.windows(2).any(|w| w == ["--precision", "f16"]);
+    assert_eq!(r.meta["precision"], if f16 { "f16" } else { "f32" });
+    assert!(!r.meta["adapter"].is_empty() && !r.meta["backend"].is_empty());
+    let want = p.reference(k, v);
+    let scale = output_scale(&want.out);
+    let tol = if f16 { 1e-2 } else { 1e-4 };
+    let (e, le) = (
+        max_abs_err(got_out, &want.out),
+        max_abs_err(got_lse, &want.lse),
+    );
+    assert!(e <= tol * scale, "{name}: out error {e:e}");
+    assert!(le <= tol, "{name}: lse error {le:e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn run_attention_decode_batch_matches_reference() {
+    // GQA 4, four sequences of one query each, context lengths 1, 17, 97, 200.
+    let p = Problem::new(8, 2, 64, 64, &[(1, 1), (1, 17), (1, 97), (1, 200)], 1);
+    check_attention("decode-f32", &p, &[], KvDtype::F32, KvDtype::F32);
+}
+
+#[test]
+fn run_attention_prefill_with_options_matches_reference() {
+    // Chunks after cached prefixes, every option, f16 storage, block size 8.
+    let mut p = Problem::new(4, 1, 32, 32, &[(5, 5), (3, 40), (1, 9), (16, 70)], 2);
+    p.opts = AttentionOptions {
+        scale: Some(0.2),
+        sliding_window: Some(12),
+        softcap: Some(4.0),
+        sinks: Some(vec![0.5, -1.0, 0.0, 2.0]),
+        alibi_slopes: Some(vec![0.25, 0.125, 0.0625, 0.03125]),
+        causal: true,
+    };
+    check_attention(
+        "prefill-options-f16kv",
+        &p,
+        &["--kv-dtype", "f16", "--block-size", "8"],
+        KvDtype::F16,
+        KvDtype::F16,
+    );
+}
+
+#[test]
+fn run_attention_mixed_dtypes_and_head_dims() {
+    // d_v != d_qk, K in bf16 and V in f16, non-causal, block size 1, MHA.
+    let mut p = Problem::new(2, 2, 48, 16, &[(2, 7), (4, 4)], 3);
+    p.opts.causal = false;
+    check_attention(
+        "mixed",
+        &p,
+        &["--k-dtype", "bf16", "--v-dtype", "f16", "--block-size", "1"],
+        KvDtype::Bf16,
+        KvDtype::F16,
+    );
+    // --k-dtype overrides --kv-dtype for K only.
+    check_attention(
+        "override",
+        &p,
+        &[
+            "--kv-dtype",
+            "bf16",
+            "--v-dtype",
+            "f32",
+            "--block-size",
+            "128",
+        ],
+        KvDtype::Bf16,
+        KvDtype::F32,
+    );
+}
+
+#[test]
+fn run_attention_f16_precision_where_available() {
+    if !has_f16() {
+        eprintln!("adapter without shader-f16: only the f32 kernels run");
+        return;
+    }
+    let p = Problem::new(8, 1, 64, 64, &[(1, 30), (6, 50)], 4);
+    check_attention(
+        "f16-precision",
+        &p,
+        &["--kv-dtype", "f16", "--precision", "f16"],
+        KvDtype::F16,
+        KvDtype::F16,
+    );
+}
+
+/// Runs `run attention` on `file` with `flags`; expects a non-zero exit, exactly one line on
+/// stderr containing `needle`, nothing on stdout and no output file.
+fn rejects(name: &str, file: Option<&CaseFile>, flags: &[&str], needle: &str) {
+    let dir = temp_dir(name);
+    let (case, out) = (dir.join("case.safetensors"), dir.join("out.safetensors"));
+    if let Some(f) = file {
+        f.write(&case);
+    }
+    let mut args = vec!["run", "attention", "--in", s(&case), "--out", s(&out)];
+    args.extend_from_slice(flags);
+    let o = kvattn(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{name}: succeeded");
+    assert!(o.stdout.is_empty(), "{name}: printed to stdout");
+    assert_eq!(
+        err.lines().count(),
+        1,
+        "{name}: stderr is not one line: {err:?}"
+    );
+    assert!(err.starts_with("kvattn: "), "{name}: {err:?}");
+    assert!(err.contains(needle), "{name}: {err:?} lacks {needle:?}");
+    assert!(!out.exists(), "{name}: wrote {}", out.display());
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "case.safetensors")
+        .collect();
+    assert!(leftovers.is_empty(), "{name}: left {leftovers:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn run_attention_rejects_invalid_input() {
+    let p = Problem::new(4, 2, 16, 16, &[(1, 5), (2, 6)], 5);
+    let good = p.file();
+    let edit = |f: &dyn Fn(&mut CaseFile)| {
+        let mut c = good.clone();
+        f(&mut c);
+        c
+    };
+    // Head dim not a multiple of 4.
+    let d6 = Problem::new(4, 2, 6, 6, &[(1, 5)], 6).file();
+    rejects("head-dim", Some(&d6), &[], "multiple of 4");
+    // Query heads not a multiple of KV heads.
+    let h3 = Problem::new(3, 2, 16, 16, &[(1, 5)], 7).file();
+    rejects("heads", Some(&h3), &[], "multiple of num_kv_heads");
+    // Inconsistent offsets: decreasing, not ending at the row count, different counts.
+    let f = edit(&|c| {
+        c.set(i32_t("cu_seqlens_q", &[0, 2, 1, 3]));
+        c.set(i32_t("cu_seqlens_k", &[0, 5, 8, 11]));
+    });
+    rejects("cu-decreasing", Some(&f), &[], "non-decreasing");
+    let f = edit(&|c| {
+        c.set(i32_t("cu_seqlens_k", &[0, 5, 10]));
+    });
+    rejects(
+        "cu-end",
+        Some(&f),
+        &[],
+        "cu_seqlens_k ends at 10 but k has 11",
+    );
+    let f = edit(&|c| {
+        c.set(i32_t("cu_seqlens_k", &[0, 11]));
+    });
+    rejects("cu-count", Some(&f), &[], "cu_seqlens_k");
+    let f = edit(&|c| {
+        c.set(i32_t("cu_seqlens_q", &[0, -1, 3]));
+    });
+    rejects("cu-negative", Some(&f), &[], "negative");
+    // len_q > len_k under the causal mask.
+    let long_q = Problem::new(4, 2, 16, 16, &[(4, 3)], 8).file();
+    rejects("len-q", Some(&long_q), &[], "len_q <= len_k");
+    // K and V with different token counts.
+    let f = edit(&|c| {
+        c.set(f32_t("v", vec![10, 2, 16], &vec![0.0; 10 * 2 * 16]));
+    });
+    rejects("kv-len", Some(&f), &[], "k has 11 token rows but v has 10");
+    // An empty sequence.
+    let empty = Problem::new(4, 2, 16, 16, &[(1, 5), (0, 0)], 9).file();
+    rejects("empty", Some(&empty), &[], "empty");
+    // A window without the causal mask.
+    let f = edit(&|c| {
+        c.meta("causal", "false").meta("sliding_window", "4");
+    });
+    rejects("window", Some(&f), &[], "sliding_window needs causal");
+    // Block size not a power of two.
+    rejects(
+        "block-size",
+        Some(&good),
+        &["--block-size", "12"],
+        "power of two",
+    );
+    rejects(
+        "block-size-big",
+        Some(&good),
+        &["--block-size", "512"],
+        "power of two",
+    );
+    // Missing file; not safetensors.
+    rejects("missing", None, &[], "cannot read");
+    let dir = temp_dir("not-st");
+    let junk = dir.join("junk.safetensors");
+    std::fs::write(&junk, b"this is not a tensor file at all").unwrap();
+    let out = dir.join("out.safetensors");
+    let o = kvattn(&["run", "attention", "--in", s(&junk), "--out", s(&out)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.lines().count() == 1, "{err}");
+    assert!(err.contains("not a safetensors file"), "{err}");
+    assert!(!out.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+    // Wrong dtype or rank of a tensor; a missing tensor.
+    let f = edit(&|c| {
+        c.set(RawTensor {
+            name: "q".into(),
+            dtype: Dtype::F16,
+            shape: vec![3, 4, 16],
+            bytes: vec![0; 3 * 4 * 16 * 2],
+        });
+    });
+    rejects("q-dtype", Some(&f), &[], "tensor q");
+    let f = edit(&|c| {
+        c.set(f32_t("q", vec![3, 64], &p.q));
+    });
+    rejects("q-rank", Some(&f), &[], "expected F32 [total_q, Hq, d]");
+    let f = edit(&|c| {
+        c.set(f32_t("cu_seqlens_k", vec![3], &[0.0, 5.0, 11.0]));
+    });
+    rejects("cu-dtype", Some(&f), &[], "expected I32");
+    let f = edit(&|c| {
+        c.tensors.retain(|t| t.name != "v");
+    });
+    rejects("no-v", Some(&f), &[], "no tensor v");
+    // Per-head tensors of the wrong length; metadata that does not parse.
+    let f = edit(&|c| {
+        c.set(f32_t("sinks", vec![3], &[0.0; 3]));
+    });
+    rejects("sinks", Some(&f), &[], "sinks has 3 entries");
+    let f = edit(&|c| {
+        c.meta("causal", "maybe");
+    });
+    rejects("causal", Some(&f), &[], "metadata causal");
+    let f = edit(&|c| {
+        c.meta("softcap", "-1");
+    });
+    rejects("softcap", Some(&f), &[], "softcap");
+    // Storage formats: unknown, and quantized (not read by the attention kernels yet).
+    rejects(
+        "dtype",
+        Some(&good),
+        &["--kv-dtype", "int2"],
+        "unknown KV dtype",
+    );
+    rejects(
+        "quantized",
+        Some(&good),
+        &["--v-dtype", "int8"],
+        "not supported",
+    );
+    rejects(
+        "precision",
+        Some(&good),
+        &["--precision", "f64"],
+        "unknown precision",
+    );
+}
+
+#[test]
+fn run_attention_writes_nothing_when_the_destination_is_bad() {
+    let dir = temp_dir("bad-dest");
+    let case = dir.join("case.safetensors");
+    Problem::new(2, 1, 8, 8, &[(1, 3)], 10).file().write(&case);
+    let out = dir.join("no-such-dir").join("out.safetensors");
+    let o = kvattn(&["run", "attention", "--in", s(&case), "--out", s(&out)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.starts_with("kvattn: "), "{err}");
+    if PAGED_IMPLEMENTED {
+        assert!(last.contains("cannot write"), "{err}");
+    }
+    assert!(!out.exists());
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["case.safetensors"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `run quantize` of `x` [n, H, d] in `dtype` (with a per-tensor scale if given), checked
+/// against the CPU codec: codes and scales exactly, `dequant` bit for bit.
+fn check_quantize(dtype: KvDtype, tensor_scale: Option<f32>) {
+    let (n, h, d) = (5, 3, 64);
+    let mut x = Rng::new(11).normals(n * h * d, 3.0);
+    x[7] = 90.0;
+    let dir = temp_dir(&format!("quantize-{dtype}"));
+    let (inp, out) = (dir.join("x.safetensors"), dir.join("q.safetensors"));
+    let mut f = CaseFile {
+        tensors: vec![f32_t("x", vec![n, h, d], &x)],
+        meta: HashMap::new(),
+    };
+    let mode = match tensor_scale {
+        Some(sc) => {
+            f.meta("scale", &sc.to_string());
+            ScaleMode::PerTensor(sc)
+        }
+        None => ScaleMode::PerRow,
+    };
+    f.write(&inp);
+    let o = kvattn(&[
+        "run",
+        "quantize",
+        "--in",
+        s(&inp),
+        "--out",
+        s(&out),
+        "--kv-dtype",
+        dtype.name(),
+    ]);
+    assert!(
+        o.status.success(),
+        "{dtype}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r = read_result(&out);
+    let want = encode_rows(dtype, d, &x, mode).unwrap();
+    let (cshape, codes) = &r.u8s["codes"];
+    assert_eq!(cshape, &vec![n, h, dtype.bytes_per_row(d)], "{dtype}");
+    assert_eq!(codes, &words_to_le_bytes(&want.words), "{dtype} codes");
+    let (dshape, deq) = &r.f32s["dequant"];
+    assert_eq!(dshape, &vec![n, h, d]);
+    let cpu = decode_rows(&want).unwrap();
+    assert!(
+        deq.iter()
+            .zip(&cpu)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{dtype}: GPU dequant differs from the CPU codec"
+    );
+    match (dtype, tensor_scale) {
+        (_, Some(sc)) => {
+            assert_eq!(r.f32s["scales"], (vec![1], vec![sc]));
+            assert_eq!(r.meta["scale"].parse::<f32>().unwrap(), sc);
+        }
+        (KvDtype::Int4, None) => {
+            let p: Vec<Int4Params> = want
+                .scales
+                .iter()
+                .map(|&w| Int4Params::from_word(w))
+                .collect();
+            let shape = vec![n, h, d / 32];
+            let sc: Vec<f32> = p.iter().map(Int4Params::scale).collect();
+            let mn: Vec<f32> = p.iter().map(Int4Params::min).collect();
+            assert_eq!(r.f32s["scales"], (shape.clone(), sc));
+            assert_eq!(r.f32s["mins"], (shape, mn));
+        }
+        (KvDtype::Fp8E4M3 | KvDtype::Fp8E5M2 | KvDtype::Int8, None) => {
+            let sc: Vec<f32> = want.scales.iter().map(|&w| f32::from_bits(w)).collect();
+            assert_eq!(r.f32s["scales"], (vec![n, h], sc));
+            assert!(!r.f32s.contains_key("mins"));
+        }
+        _ => assert!(!r.f32s.contains_key("scales"), "{dtype} has no scales"),
+    }
+    assert_eq!(r.meta["kv_dtype"], dtype.name());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn run_quantize_round_trips_every_format() {
+    for dtype in KvDtype::ALL {
+        check_quantize(dtype, None);
+    }
+    check_quantize(KvDtype::Fp8E4M3, Some(0.25));
+    check_quantize(KvDtype::Fp8E5M2, Some(3.0));
+}
+
+#[test]
+fn run_quantize_rejects_invalid_input() {
+    let dir = temp_dir("quantize-bad");
+    let (inp, out) = (dir.join("x.safetensors"), dir.join("q.safetensors"));
+    let run = |dtype: &str| {
+        kvattn(&[
+            "run",
+            "quantize",
+            "--in",
+            s(&inp),
+            "--out",
+            s(&out),
+            "--kv-dtype",
+            dtype,
+        ])
+    };
+    let cases: [(Vec<usize>, Option<&str>, &str, &str); 5] = [
+        // A per-tensor scale is for FP8 only.
+        (vec![2, 1, 64], Some("0.5"), "int8", "FP8 only"),
+        // int4 needs head dims in multiples of 32.
+        (vec![2, 1, 48], None, "int4", "multiple of 32"),
+        // Not a multiple of 4.
+        (vec![2, 1, 6], None, "f16", "multiple of 4"),
+        // Wrong rank.
+        (vec![2, 64], None, "f16", "expected F32 [n, H, d]"),
+        // Unknown format.
+        (vec![2, 1, 64], None, "int3", "unknown KV dtype"),
+    ];
+    for (shape, scale, dtype, needle) in cases {
+        let len = shape.iter().product::<usize>();
+        let mut f = CaseFile {
+            tensors: vec![f32_t("x", shape.clone(), &vec![1.0; len])],
+            meta: HashMap::new(),
+        };
+        if let Some(sc) = scale {
+            f.meta("scale", sc);
+        }
+        f.write(&inp);
+        let o = run(dtype);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{shape:?} {dtype}: succeeded");
+        assert_eq!(err.lines().count(), 1, "{err:?}");
+        assert!(
+            err.contains(needle),
+            "{shape:?} {dtype}: {err:?} lacks {needle:?}"
+        );
+        assert!(!out.exists());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn verify_quick_passes() {
+    let o = kvattn(&["verify", "--quick"]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success(),
+        "verify --quick failed:\n{stdout}\n{stderr}"
+    );
+    for kernel in ["decode", "paged", "dequant", "append_kv"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(kernel) && l.ends_with("pass")),
+            "no passing {kernel} row:\n{stdout}"
+        );
+    }
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+    assert!(stdout.contains(" 0 failed"), "{stdout}");
+    // Progress goes to stderr, one line per check.
+    assert!(stderr.contains("verify ["), "{stderr}");
+}
