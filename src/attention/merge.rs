@@ -60,11 +60,11 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
 /// Buffers of one merge.
 pub(crate) struct MergeArgs<'a> {
     pub pipeline: &'a wgpu::ComputePipeline,
-    pub shape: &'a AttentionShape,
-    pub meta: &'a wgpu::Buffer,
-    pub tiles_at: usize,
+    /// A uniform holding the [`MergeParams`].
+    pub params: &'a wgpu::Buffer,
     pub num_tiles: usize,
-    pub sinks_at: Option<usize>,
+    pub num_kv_heads: usize,
+    pub meta: &'a wgpu::Buffer,
     pub o_part: &'a wgpu::Buffer,
     pub lse_part: &'a wgpu::Buffer,
     pub out: &'a wgpu::Buffer,
@@ -73,25 +73,16 @@ pub(crate) struct MergeArgs<'a> {
 
 /// Merges every tile's partial states into `out` and `lse`.
 pub(crate) fn merge(ctx: &Context, args: &MergeArgs) -> Result<()> {
-    let params = MergeParams {
-        num_q_heads: args.shape.num_q_heads as u32,
-        num_kv_heads: args.shape.num_kv_heads as u32,
-        flags: u32::from(args.sinks_at.is_some()),
-        tiles_at: args.tiles_at as u32,
-        sinks_at: args.sinks_at.unwrap_or(0) as u32,
-        ..Default::default()
-    };
-    let uniform = ctx.uniform("merge params", &params);
     ctx.dispatch(
         args.pipeline,
         &[
-            &uniform,
+            args.params,
             args.meta,
             args.o_part,
             args.lse_part,
             args.out,
             args.lse,
         ],
-        [args.num_tiles as u32, args.shape.num_kv_heads as u32, 1],
+        [args.num_tiles as u32, args.num_kv_heads as u32, 1],
     )
 }

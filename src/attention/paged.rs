@@ -16,7 +16,7 @@
 //! buffers) and [`PagedAttentionPlan::run`] runs per layer.
 
 use super::{AttentionOptions, AttentionShape};
-use crate::attention::merge::{merge, MergeArgs};
+use crate::attention::merge::{merge, MergeArgs, MergeParams};
 use crate::cache::allocator::SeqId;
 use crate::cache::paged::PagedKvCache;
 use crate::cache::pool::PoolLayout;
@@ -194,21 +194,12 @@ pub struct PagedAttentionPlan {
     shape: AttentionShape,
     precision: Precision,
     geometry: KvGeometry,
-    scale: f32,
-    softcap: f32,
-    window: u32,
-    flags: u32,
-    sinks: bool,
     total_q: usize,
     num_items: usize,
     num_tiles: usize,
-    items_at: usize,
-    seqs_at: usize,
-    slopes_at: usize,
-    tiles_at: usize,
-    sinks_at: usize,
-    /// (buffer, list offset, list length) per dispatch.
-    dispatches: Vec<(usize, usize, usize)>,
+    /// Per dispatch: pool buffer, items, and its parameters (built once, used by every layer).
+    dispatches: Vec<(usize, usize, wgpu::Buffer)>,
+    merge_params: wgpu::Buffer,
     meta: wgpu::Buffer,
     o_part: wgpu::Buffer,
     lse_part: wgpu::Buffer,
@@ -447,24 +438,47 @@ impl PagedAttentionPlan {
         let total_q = seqs.iter().map(|s| s.len_q).sum();
         let hkv = shape.num_kv_heads;
         let part_rows = items.len() * hkv * tile;
+        let window = u32::try_from(window.unwrap_or(0)).unwrap_or(u32::MAX);
+        let flags = u32::from(opts.causal) | (u32::from(opts.alibi_slopes.is_some()) << 1);
+        let dispatches = dispatches
+            .into_iter()
+            .map(|(buffer, list_at, list_len)| {
+                let params = PagedParams {
+                    num_q_heads: shape.num_q_heads as u32,
+                    num_kv_heads: hkv as u32,
+                    block_size: bs as u32,
+                    first_block: (buffer * bpb) as u32,
+                    scale: opts.scale_for(&shape),
+                    softcap: opts.softcap.unwrap_or(0.0),
+                    window,
+                    flags,
+                    items_at: items_at as u32,
+                    seqs_at: seqs_at as u32,
+                    slopes_at: slopes_at as u32,
+                    list_at: list_at as u32,
+                    list_len: list_len as u32,
+                    ..Default::default()
+                };
+                (buffer, list_len, ctx.uniform("paged params", &params))
+            })
+            .collect();
+        let merge_params = MergeParams {
+            num_q_heads: shape.num_q_heads as u32,
+            num_kv_heads: hkv as u32,
+            flags: u32::from(opts.sinks.is_some()),
+            tiles_at: tiles_at as u32,
+            sinks_at: sinks_at as u32,
+            ..Default::default()
+        };
         let plan = Self {
             shape,
             precision: args.precision,
             geometry: *geometry,
-            scale: opts.scale_for(&shape),
-            softcap: opts.softcap.unwrap_or(0.0),
-            window: u32::try_from(window.unwrap_or(0)).unwrap_or(u32::MAX),
-            flags: u32::from(opts.causal) | (u32::from(opts.alibi_slopes.is_some()) << 1),
-            sinks: opts.sinks.is_some(),
             total_q,
             num_items: items.len(),
             num_tiles: tiles.len(),
-            items_at,
-            seqs_at,
-            slopes_at,
-            tiles_at,
-            sinks_at,
             dispatches,
+            merge_params: ctx.uniform("merge params", &merge_params),
             meta: ctx.upload("attention plan", &meta)?,
             o_part: ctx.filled("partial o", part_rows * shape.head_dim_v, f32::NAN)?,
             lse_part: ctx.filled("partial lse", part_rows, f32::NAN)?,
@@ -532,29 +546,12 @@ impl PagedAttentionPlan {
             )));
         }
         let pipeline = ctx.pipeline(&self.pipeline_key(Kernel::Paged))?;
-        for &(buffer, list_at, list_len) in &self.dispatches {
-            let params = PagedParams {
-                num_q_heads: s.num_q_heads as u32,
-                num_kv_heads: s.num_kv_heads as u32,
-                block_size: self.geometry.k.block_size as u32,
-                first_block: (buffer * self.geometry.blocks_per_buffer) as u32,
-                scale: self.scale,
-                softcap: self.softcap,
-                window: self.window,
-                flags: self.flags,
-                items_at: self.items_at as u32,
-                seqs_at: self.seqs_at as u32,
-                slopes_at: self.slopes_at as u32,
-                list_at: list_at as u32,
-                list_len: list_len as u32,
-                ..Default::default()
-            };
-            let uniform = ctx.uniform("paged params", &params);
-            let (k, v) = pools[buffer];
+        for (buffer, list_len, uniform) in &self.dispatches {
+            let (k, v) = pools[*buffer];
             ctx.dispatch(
                 &pipeline,
-                &[&uniform, q, k, v, &self.meta, &self.o_part, &self.lse_part],
-                [list_len as u32, s.num_kv_heads as u32, 1],
+                &[uniform, q, k, v, &self.meta, &self.o_part, &self.lse_part],
+                [*list_len as u32, s.num_kv_heads as u32, 1],
             )?;
         }
         let merge_pipeline = ctx.pipeline(&self.pipeline_key(Kernel::Merge))?;
@@ -562,11 +559,10 @@ impl PagedAttentionPlan {
             ctx,
             &MergeArgs {
                 pipeline: &merge_pipeline,
-                shape: s,
-                meta: &self.meta,
-                tiles_at: self.tiles_at,
+                params: &self.merge_params,
                 num_tiles: self.num_tiles,
-                sinks_at: self.sinks.then_some(self.sinks_at),
+                num_kv_heads: s.num_kv_heads,
+                meta: &self.meta,
                 o_part: &self.o_part,
                 lse_part: &self.lse_part,
                 out,
