@@ -3,6 +3,7 @@
 
 use std::sync::OnceLock;
 
+use kvattn::attention::AttentionOptions;
 use kvattn::gpu::Context;
 
 /// The context every GPU test in a binary shares. With no adapter the test fails (never
@@ -91,4 +92,50 @@ pub fn gpu_capped() -> &'static Context {
         })
         .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"))
     })
+}
+
+/// The attention options every kernel is checked with (DESIGN.md section 2), for `hq` query
+/// heads: windows of 1 and 37 keys, softcap with an explicit scale, ALiBi, sinks, non-causal
+/// with and without ALiBi, and everything at once.
+pub fn option_sets(hq: usize, seed: u64) -> Vec<(&'static str, AttentionOptions)> {
+    let mut rng = Rng::new(seed);
+    let with = |f: &dyn Fn(&mut AttentionOptions)| {
+        let mut o = AttentionOptions::default();
+        f(&mut o);
+        o
+    };
+    let slopes: Vec<f32> = (0..hq).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
+    let sinks = rng.normals(hq, 2.0);
+    let mixed_slopes: Vec<f32> = rng.normals(hq, 0.05).iter().map(|x| x.abs()).collect();
+    let mixed_sinks = rng.normals(hq, 1.0);
+    vec![
+        ("window 1", with(&|o| o.sliding_window = Some(1))),
+        ("window 37", with(&|o| o.sliding_window = Some(37))),
+        (
+            "softcap",
+            with(&|o| {
+                o.softcap = Some(3.0);
+                o.scale = Some(0.4);
+            }),
+        ),
+        ("alibi", with(&|o| o.alibi_slopes = Some(slopes.clone()))),
+        ("sinks", with(&|o| o.sinks = Some(sinks.clone()))),
+        ("non-causal", with(&|o| o.causal = false)),
+        (
+            "non-causal alibi",
+            with(&|o| {
+                o.causal = false;
+                o.alibi_slopes = Some(vec![0.05; hq]);
+            }),
+        ),
+        (
+            "everything",
+            with(&|o| {
+                o.sliding_window = Some(100);
+                o.softcap = Some(5.0);
+                o.alibi_slopes = Some(mixed_slopes.clone());
+                o.sinks = Some(mixed_sinks.clone());
+            }),
+        ),
+    ]
 }

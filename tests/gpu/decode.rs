@@ -9,7 +9,7 @@ use kvattn::reference;
 use kvattn::shader::Precision;
 use kvattn::Error;
 
-use crate::common::{gpu, max_abs_err, output_scale, Rng};
+use crate::common::{gpu, max_abs_err, option_sets, output_scale, Rng};
 
 const CONTEXTS: [usize; 4] = [1, 17, 97, 1000];
 
@@ -230,63 +230,7 @@ fn decode_options_match_reference() {
         head_dim_v: 96,
     };
     let case = Case::new(shape, &[1, 5, 97, 300], 7);
-    let mut rng = Rng::new(99);
-    let option_sets = vec![
-        (
-            "window 1",
-            AttentionOptions {
-                sliding_window: Some(1),
-                ..Default::default()
-            },
-        ),
-        (
-            "window 50",
-            AttentionOptions {
-                sliding_window: Some(50),
-                ..Default::default()
-            },
-        ),
-        (
-            "softcap",
-            AttentionOptions {
-                softcap: Some(2.0),
-                scale: Some(0.5),
-                ..Default::default()
-            },
-        ),
-        (
-            "alibi",
-            AttentionOptions {
-                alibi_slopes: Some((0..8).map(|h| 0.5f32.powi(h + 1)).collect()),
-                ..Default::default()
-            },
-        ),
-        (
-            "sinks",
-            AttentionOptions {
-                sinks: Some(rng.normals(8, 2.0)),
-                ..Default::default()
-            },
-        ),
-        (
-            "non-causal",
-            AttentionOptions {
-                causal: false,
-                ..Default::default()
-            },
-        ),
-        (
-            "everything",
-            AttentionOptions {
-                sliding_window: Some(64),
-                softcap: Some(5.0),
-                alibi_slopes: Some(rng.normals(8, 0.1).iter().map(|x| x.abs()).collect()),
-                sinks: Some(rng.normals(8, 1.0)),
-                ..Default::default()
-            },
-        ),
-    ];
-    for (name, opts) in option_sets {
+    for (name, opts) in option_sets(8, 99) {
         let want = reference::attention(&case.batch(), &shape, &opts).unwrap();
         for precision in precisions() {
             let config = DecodeConfig {

@@ -13,7 +13,7 @@ use kvattn::quant::KvDtype;
 use kvattn::reference;
 use kvattn::shader::Precision;
 
-use crate::common::{gpu, gpu_capped, max_abs_err, output_scale, Rng};
+use crate::common::{gpu, gpu_capped, max_abs_err, option_sets, output_scale, Rng};
 
 /// A batch on the host: per sequence its K/V rows (f32, token order) and its queries.
 struct HostBatch {
@@ -318,71 +318,7 @@ fn paged_options_match_reference() {
     };
     let b = HostBatch::new(shape, &[(1, 1), (30, 1), (200, 13), (700, 40), (9, 9)], 77);
     let cache = b.cache(ctx, KvDtype::F16, 16);
-    let mut rng = Rng::new(5);
-    let sets = vec![
-        (
-            "window 1",
-            AttentionOptions {
-                sliding_window: Some(1),
-                ..Default::default()
-            },
-        ),
-        (
-            "window 37",
-            AttentionOptions {
-                sliding_window: Some(37),
-                ..Default::default()
-            },
-        ),
-        (
-            "softcap",
-            AttentionOptions {
-                softcap: Some(3.0),
-                scale: Some(0.4),
-                ..Default::default()
-            },
-        ),
-        (
-            "alibi",
-            AttentionOptions {
-                alibi_slopes: Some((0..8).map(|h| 0.5f32.powi(h + 1)).collect()),
-                ..Default::default()
-            },
-        ),
-        (
-            "sinks",
-            AttentionOptions {
-                sinks: Some(rng.normals(8, 2.0)),
-                ..Default::default()
-            },
-        ),
-        (
-            "non-causal",
-            AttentionOptions {
-                causal: false,
-                ..Default::default()
-            },
-        ),
-        (
-            "non-causal alibi",
-            AttentionOptions {
-                causal: false,
-                alibi_slopes: Some(vec![0.05; 8]),
-                ..Default::default()
-            },
-        ),
-        (
-            "everything",
-            AttentionOptions {
-                sliding_window: Some(100),
-                softcap: Some(5.0),
-                alibi_slopes: Some(rng.normals(8, 0.05).iter().map(|x| x.abs()).collect()),
-                sinks: Some(rng.normals(8, 1.0)),
-                ..Default::default()
-            },
-        ),
-    ];
-    for (name, opts) in sets {
+    for (name, opts) in option_sets(8, 5) {
         let want = b.reference(KvDtype::F16, &opts);
         for precision in precisions(ctx) {
             let got = run(ctx, &cache, &b, &opts, precision);
