@@ -110,8 +110,9 @@ fn kv_scale_word(which: u32, i: u32) -> u32 {
     return 0u;
 }
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+// The kernel body; the entry point `main` and the row reductions `rows_update_max` /
+// `rows_update_sum` come from rows_portable.wgsl or rows_subgroup.wgsl.
+fn attend(wid: vec3<u32>, tid: u32) {
     let item = plan[params.list_at + wid.x];
     let kv_head = wid.y;
     let ib = params.items_at + item * ITEM_WORDS;
@@ -187,14 +188,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
 
         // 2. New running max per row and the factor rescaling what came before.
-        if tid < n_rows {
-            var m = row_max[tid];
-            for (var i = 0u; i < WG; i++) {
-                m = max(m, scores[tid * WG + i]);
-            }
-            row_alpha[tid] = exp(row_max[tid] - m);
-            row_max[tid] = m;
-        }
+        rows_update_max(tid, n_rows);
         workgroupBarrier();
 
         // 3. Probabilities, held in `real` precision.
@@ -206,13 +200,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
         // 4. Running sums, and the tile's outputs (neighbouring invocations read neighbouring
         // values of a V row).
-        if tid < n_rows {
-            var l = 0.0;
-            for (var i = 0u; i < WG; i++) {
-                l += scores[tid * WG + i];
-            }
-            row_sum[tid] = row_sum[tid] * row_alpha[tid] + l;
-        }
+        rows_update_sum(tid, n_rows);
         // Each invocation owns ACC_COLS columns of the V rows and, for each, the rows
         // lane, lane + LANES, ...: a V value is loaded and decoded once per invocation and used
         // for all of its rows.

@@ -55,6 +55,9 @@ impl Context {
         if missing.contains(wgpu::Features::SHADER_F16) {
             return Err(Error::MissingFeature("shader-f16"));
         }
+        if missing.contains(wgpu::Features::SUBGROUP) {
+            return Err(Error::MissingFeature("subgroup"));
+        }
         let module = self.compile_wgsl(&variant.name(), &variant.source())?;
         let module = Arc::new(module);
         modules.insert(variant, module.clone());

@@ -186,13 +186,7 @@ pub fn rope(
     }
     let token_bytes = cfg.token_elems()? as u64 * 4;
     let per = tokens_per_chunk(ctx, positions.len(), token_bytes)?;
-    let key = PipelineKey::new(
-        ShaderVariant {
-            kernel: Kernel::Rope,
-            precision: Precision::F32,
-        },
-        &[],
-    );
+    let key = PipelineKey::new(ShaderVariant::new(Kernel::Rope, Precision::F32), &[]);
     let pipeline = ctx.pipeline(&key)?;
     let turns: Vec<u32> = turn_table(cfg).into_iter().flatten().collect();
     let turns = ctx.upload("rope turns", &turns)?;

@@ -17,6 +17,10 @@ const LIB_KV_FORMAT: &str = include_str!("../shaders/lib/kv_format.wgsl");
 const LIB_KV_LOAD: &str = include_str!("../shaders/lib/kv_load.wgsl");
 /// KV encoding for the storage formats (append).
 const LIB_KV_STORE: &str = include_str!("../shaders/lib/kv_store.wgsl");
+/// The paged kernel's per-row reductions and entry point, core WGSL.
+const LIB_ROWS_PORTABLE: &str = include_str!("../shaders/lib/rows_portable.wgsl");
+/// The same with subgroup operations (needs `SUBGROUP`).
+const LIB_ROWS_SUBGROUP: &str = include_str!("../shaders/lib/rows_subgroup.wgsl");
 /// Shared constants and online-softmax helpers.
 const LIB_SOFTMAX: &str = include_str!("../shaders/lib/softmax.wgsl");
 
@@ -109,6 +113,11 @@ impl Kernel {
         }
     }
 
+    /// Whether the kernel also comes with subgroup reductions (the paged attention kernel).
+    pub fn has_subgroup_variant(self) -> bool {
+        self == Kernel::Paged
+    }
+
     /// The precisions this kernel is built in.
     pub fn precisions(self) -> &'static [Precision] {
         match self {
@@ -153,12 +162,25 @@ pub struct ShaderVariant {
     pub kernel: Kernel,
     /// The precision prelude.
     pub precision: Precision,
+    /// Reductions with subgroup operations (needs `SUBGROUP`; kernels with
+    /// [`Kernel::has_subgroup_variant`] only).
+    pub subgroups: bool,
 }
 
 impl ShaderVariant {
-    /// `kernel/precision`, e.g. `decode/f16`.
+    /// The portable-reduction variant of `kernel` in `precision`.
+    pub fn new(kernel: Kernel, precision: Precision) -> Self {
+        Self {
+            kernel,
+            precision,
+            subgroups: false,
+        }
+    }
+
+    /// `kernel/precision[+subgroups]`, e.g. `paged/f16+subgroups`.
     pub fn name(&self) -> String {
-        format!("{}/{}", self.kernel.name(), self.precision.name())
+        let sg = if self.subgroups { "+subgroups" } else { "" };
+        format!("{}/{}{sg}", self.kernel.name(), self.precision.name())
     }
 
     /// The composed WGSL source.
@@ -174,15 +196,29 @@ impl ShaderVariant {
         }
         src.push('\n');
         src.push_str(self.kernel.body());
+        if self.kernel.has_subgroup_variant() {
+            // After the kernel: naga 30 mis-handles an override used in `@workgroup_size`
+            // before its declaration.
+            src.push('\n');
+            src.push_str(if self.subgroups {
+                LIB_ROWS_SUBGROUP
+            } else {
+                LIB_ROWS_PORTABLE
+            });
+        }
         src
     }
 
     /// The device features the variant needs.
     pub fn required_features(&self) -> wgpu::Features {
-        match self.precision {
+        let mut features = match self.precision {
             Precision::F32 => wgpu::Features::empty(),
             Precision::F16 => wgpu::Features::SHADER_F16,
+        };
+        if self.subgroups {
+            features |= wgpu::Features::SUBGROUP;
         }
+        features
     }
 }
 
@@ -191,10 +227,18 @@ pub fn all_variants() -> Vec<ShaderVariant> {
     Kernel::ALL
         .iter()
         .flat_map(|&kernel| {
-            kernel
-                .precisions()
-                .iter()
-                .map(move |&precision| ShaderVariant { kernel, precision })
+            kernel.precisions().iter().flat_map(move |&precision| {
+                let sg: &[bool] = if kernel.has_subgroup_variant() {
+                    &[false, true]
+                } else {
+                    &[false]
+                };
+                sg.iter().map(move |&subgroups| ShaderVariant {
+                    kernel,
+                    precision,
+                    subgroups,
+                })
+            })
         })
         .collect()
 }

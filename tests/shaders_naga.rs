@@ -15,6 +15,12 @@ fn capabilities(variant: &ShaderVariant) -> Capabilities {
     {
         caps |= Capabilities::SHADER_FLOAT16;
     }
+    if variant
+        .required_features()
+        .contains(wgpu::Features::SUBGROUP)
+    {
+        caps |= Capabilities::SUBGROUP;
+    }
     caps
 }
 
@@ -74,8 +80,9 @@ fn translate(variant: &ShaderVariant, module: &Module, info: &ModuleInfo) {
     naga::back::hlsl::Writer::new(&mut hlsl, &hlsl_options, &hlsl_pipeline)
         .write(module, info, None)
         .unwrap_or_else(|e| panic!("{name}: HLSL: {e}"));
-    // GLSL has no f16 type: the f16 variants never run on the GL backend (it lacks SHADER_F16).
-    if variant.precision == Precision::F32 {
+    // GLSL has no f16 type and GL offers no subgroups here: those variants never run on the GL
+    // backend (it lacks SHADER_F16 and SUBGROUP).
+    if variant.precision == Precision::F32 && !variant.subgroups {
         let glsl_pipeline = naga::back::glsl::PipelineOptions {
             shader_stage: ShaderStage::Compute,
             entry_point: "main".into(),
@@ -142,16 +149,22 @@ fn every_variant_validates_specializes_fits_and_translates() {
 }
 
 #[test]
-fn f16_variants_need_their_capability() {
+fn f16_and_subgroup_variants_need_their_capabilities() {
+    let mut checked = 0;
     for variant in all_variants() {
-        if variant.precision == Precision::F16 {
-            assert!(
-                parse_and_validate(&variant, Capabilities::empty()).is_err(),
-                "{} validated without SHADER_FLOAT16",
-                variant.name()
-            );
+        let caps = capabilities(&variant);
+        for needed in [Capabilities::SHADER_FLOAT16, Capabilities::SUBGROUP] {
+            if caps.contains(needed) {
+                assert!(
+                    parse_and_validate(&variant, caps - needed).is_err(),
+                    "{} validated without {needed:?}",
+                    variant.name()
+                );
+                checked += 1;
+            }
         }
     }
+    assert!(checked >= 3, "f16 and subgroup variants exist");
 }
 
 #[test]

@@ -193,6 +193,8 @@ pub(crate) struct KvGeometry {
 pub struct PagedAttentionPlan {
     shape: AttentionShape,
     precision: Precision,
+    /// Subgroup reductions, chosen at plan time when the device has `SUBGROUP`.
+    subgroups: bool,
     geometry: KvGeometry,
     total_q: usize,
     num_items: usize,
@@ -473,6 +475,7 @@ impl PagedAttentionPlan {
         let plan = Self {
             shape,
             precision: args.precision,
+            subgroups: ctx.caps().subgroups,
             geometry: *geometry,
             total_q,
             num_items: items.len(),
@@ -511,7 +514,15 @@ impl PagedAttentionPlan {
                 self.geometry.v.dtype,
             ),
         };
-        PipelineKey::new(ShaderVariant { kernel, precision }, &constants)
+        let subgroups = self.subgroups && kernel.has_subgroup_variant();
+        PipelineKey::new(
+            ShaderVariant {
+                kernel,
+                precision,
+                subgroups,
+            },
+            &constants,
+        )
     }
 
     /// Runs the batch on one layer's pools: `pools[b]` is the (K, V) buffer pair `b`. `q` is

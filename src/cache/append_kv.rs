@@ -112,10 +112,7 @@ pub fn append_kv(
         per_buffer[(slot / slots_per_buffer) as usize].extend([i as u32, slot]);
     }
     let key = PipelineKey::new(
-        ShaderVariant {
-            kernel: Kernel::AppendKv,
-            precision: Precision::F32,
-        },
+        ShaderVariant::new(Kernel::AppendKv, Precision::F32),
         &constants(pool, src_dtype),
     );
     let pipeline = ctx.pipeline(&key)?;

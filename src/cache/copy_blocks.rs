@@ -56,13 +56,7 @@ pub fn copy_blocks(ctx: &Context, pool: &BlockPool, pairs: &[(BlockId, BlockId)]
     ctx.scoped("copy blocks between buffers", || {
         ctx.queue.submit([encoder.finish()])
     })?;
-    let key = PipelineKey::new(
-        ShaderVariant {
-            kernel: Kernel::CopyBlocks,
-            precision: Precision::F32,
-        },
-        &[],
-    );
+    let key = PipelineKey::new(ShaderVariant::new(Kernel::CopyBlocks, Precision::F32), &[]);
     // Pairs per dispatch: within the workgroup limit and the (possibly capped) binding size.
     let caps = ctx.caps();
     let per_dispatch = (caps.max_compute_workgroups_per_dimension as usize)

@@ -69,10 +69,7 @@ pub fn dequantize(ctx: &Context, rows: &EncodedRows) -> Result<Vec<f32>> {
         ..Default::default()
     };
     let key = PipelineKey::new(
-        ShaderVariant {
-            kernel: Kernel::Dequant,
-            precision: Precision::F32,
-        },
+        ShaderVariant::new(Kernel::Dequant, Precision::F32),
         &constants(rows.dtype, rows.head_dim, rows.scale_mode),
     );
     let pipeline = ctx.pipeline(&key)?;

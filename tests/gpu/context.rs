@@ -63,13 +63,7 @@ fn disabled_features_are_not_requested() {
     let ctx = Context::with_options(&opts).unwrap();
     assert!(!ctx.caps().shader_f16 && !ctx.caps().subgroups);
     assert!(!ctx.device.features().contains(wgpu::Features::SHADER_F16));
-    let key = PipelineKey::new(
-        ShaderVariant {
-            kernel: Kernel::Paged,
-            precision: Precision::F16,
-        },
-        &[],
-    );
+    let key = PipelineKey::new(ShaderVariant::new(Kernel::Paged, Precision::F16), &[]);
     assert!(matches!(
         ctx.pipeline(&key),
         Err(Error::MissingFeature("shader-f16"))
@@ -94,10 +88,7 @@ fn invalid_wgsl_is_a_shader_error_not_a_panic() {
     }
     // An override the shader does not declare fails pipeline creation with a typed error too.
     let key = PipelineKey::new(
-        ShaderVariant {
-            kernel: Kernel::Dequant,
-            precision: Precision::F32,
-        },
+        ShaderVariant::new(Kernel::Dequant, Precision::F32),
         &[("NO_SUCH_OVERRIDE", 1.0)],
     );
     assert!(matches!(ctx.pipeline(&key), Err(Error::Shader { .. })));
@@ -106,10 +97,7 @@ fn invalid_wgsl_is_a_shader_error_not_a_panic() {
 #[test]
 fn pipelines_are_cached_by_variant_and_constants() {
     let ctx = gpu();
-    let variant = ShaderVariant {
-        kernel: Kernel::Dequant,
-        precision: Precision::F32,
-    };
+    let variant = ShaderVariant::new(Kernel::Dequant, Precision::F32);
     let a = ctx
         .pipeline(&PipelineKey::new(variant, &[("K_DIM", 64.0)]))
         .unwrap();

@@ -594,3 +594,50 @@ fn paged_attention_rejects_bad_input() {
     );
     assert!(try_run(&[PagedQuery { seq: 0, len_q: 2 }], shape, q).is_ok());
 }
+
+#[test]
+fn subgroup_and_portable_reductions_agree() {
+    // The plan picks subgroup reductions where the device has them; the portable ones must give
+    // the same results (up to summation order). On an adapter without subgroups (GL) both runs
+    // take the portable path, and must then agree bitwise.
+    let ctx = gpu();
+    let portable = Context::with_options(&ContextOptions {
+        disable_subgroups: true,
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(!portable.caps().subgroups);
+    let shape = AttentionShape {
+        num_q_heads: 8,
+        num_kv_heads: 2,
+        head_dim_qk: 80,
+        head_dim_v: 80,
+    };
+    let b = HostBatch::new(shape, &[(700, 1), (97, 20), (16, 16)], 31);
+    let opts = AttentionOptions::default();
+    let a = run(
+        ctx,
+        &b.cache(ctx, KvDtype::F16, 16),
+        &b,
+        &opts,
+        Precision::F32,
+    );
+    let p = run(
+        &portable,
+        &b.cache(&portable, KvDtype::F16, 16),
+        &b,
+        &opts,
+        Precision::F32,
+    );
+    let err = max_abs_err(&a.out, &p.out);
+    if ctx.caps().subgroups {
+        assert!(
+            err <= 1e-6 * output_scale(&p.out),
+            "subgroup vs portable: {err:e}"
+        );
+    } else {
+        assert_eq!(a.out, p.out);
+    }
+    let want = b.reference(KvDtype::F16, &opts);
+    check("subgroups", Precision::F32, &a, &want, None);
+}
