@@ -51,6 +51,8 @@ pub enum Kernel {
     Paged,
     /// Merge of split-K partial states (`shaders/merge.wgsl`).
     Merge,
+    /// Merge of two attention states, for cascade attention (`shaders/merge_states.wgsl`).
+    MergeStates,
     /// Dequantize KV rows of any storage format to f32 (`shaders/dequant.wgsl`).
     Dequant,
     /// Write new K/V rows into their pool slots (`shaders/append_kv.wgsl`).
@@ -70,9 +72,10 @@ fn layout_of<T: WgslStruct>() -> StructLayout {
 
 impl Kernel {
     /// Every kernel family.
-    pub const ALL: [Kernel; 6] = [
+    pub const ALL: [Kernel; 7] = [
         Kernel::Paged,
         Kernel::Merge,
+        Kernel::MergeStates,
         Kernel::Dequant,
         Kernel::AppendKv,
         Kernel::CopyBlocks,
@@ -84,6 +87,7 @@ impl Kernel {
         match self {
             Kernel::Paged => "paged",
             Kernel::Merge => "merge",
+            Kernel::MergeStates => "merge_states",
             Kernel::Dequant => "dequant",
             Kernel::AppendKv => "append_kv",
             Kernel::CopyBlocks => "copy_blocks",
@@ -95,6 +99,7 @@ impl Kernel {
         match self {
             Kernel::Paged => include_str!("../shaders/paged.wgsl"),
             Kernel::Merge => include_str!("../shaders/merge.wgsl"),
+            Kernel::MergeStates => include_str!("../shaders/merge_states.wgsl"),
             Kernel::Dequant => include_str!("../shaders/dequant.wgsl"),
             Kernel::AppendKv => include_str!("../shaders/append_kv.wgsl"),
             Kernel::CopyBlocks => include_str!("../shaders/copy_blocks.wgsl"),
@@ -105,7 +110,7 @@ impl Kernel {
     fn libs(self) -> &'static [&'static str] {
         match self {
             Kernel::Paged => &[LIB_KV_FORMAT, LIB_KV_LOAD, LIB_SOFTMAX],
-            Kernel::Merge => &[LIB_SOFTMAX],
+            Kernel::Merge | Kernel::MergeStates => &[LIB_SOFTMAX],
             Kernel::Dequant => &[LIB_KV_FORMAT, LIB_KV_LOAD],
             Kernel::AppendKv => &[LIB_KV_FORMAT, LIB_KV_STORE],
             Kernel::CopyBlocks => &[],
@@ -122,10 +127,12 @@ impl Kernel {
     pub fn precisions(self) -> &'static [Precision] {
         match self {
             Kernel::Paged => &[Precision::F32, Precision::F16],
-            Kernel::Merge | Kernel::Dequant | Kernel::AppendKv | Kernel::CopyBlocks => {
-                &[Precision::F32]
-            }
-            Kernel::Rope => &[Precision::F32],
+            Kernel::Merge
+            | Kernel::MergeStates
+            | Kernel::Dequant
+            | Kernel::AppendKv
+            | Kernel::CopyBlocks
+            | Kernel::Rope => &[Precision::F32],
         }
     }
 
@@ -134,6 +141,9 @@ impl Kernel {
         match self {
             Kernel::Paged => vec![layout_of::<crate::attention::paged::PagedParams>()],
             Kernel::Merge => vec![layout_of::<crate::attention::merge::MergeParams>()],
+            Kernel::MergeStates => {
+                vec![layout_of::<crate::attention::merge_states::MergeStatesParams>()]
+            }
             Kernel::Dequant => vec![layout_of::<crate::quant::dequant::DequantParams>()],
             Kernel::AppendKv => vec![layout_of::<crate::cache::append_kv::AppendParams>()],
             Kernel::CopyBlocks => vec![layout_of::<crate::cache::copy_blocks::CopyParams>()],
@@ -147,6 +157,7 @@ impl Kernel {
         match self {
             Kernel::Paged => crate::attention::paged::representative_constants(precision),
             Kernel::Merge => crate::attention::merge::representative_constants(),
+            Kernel::MergeStates => crate::attention::merge_states::representative_constants(),
             Kernel::Dequant => crate::quant::dequant::representative_constants(),
             Kernel::AppendKv => crate::cache::append_kv::representative_constants(),
             Kernel::CopyBlocks => crate::cache::copy_blocks::representative_constants(),

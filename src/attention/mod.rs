@@ -1,6 +1,7 @@
 //! Attention kernels over a KV cache, and the problem description they share with the reference.
 pub mod decode;
 pub mod merge;
+pub mod merge_states;
 pub mod paged;
 pub mod spec;
 

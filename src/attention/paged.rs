@@ -146,6 +146,9 @@ pub const SUPPORTED: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
 
 /// One sequence of a batch: its queries are its last `len_q` cached tokens (bottom-right
 /// alignment: `len_k` is the sequence's length in the cache, so append the chunk's K/V first).
+/// Without the causal mask (and ALiBi) `len_q` may exceed `len_k`: the queries then simply
+/// attend to every cached token, as the shared-prefix pass of cascade attention does (merge its
+/// state with the per-sequence pass by [`merge_states`](super::merge_states::merge_states)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PagedQuery {
     /// The sequence.
@@ -300,9 +303,14 @@ impl PagedAttentionPlan {
         check_shape_and_options(ctx, &shape, opts, geometry, args.precision)?;
         let bs = geometry.k.block_size;
         for (i, s) in seqs.iter().enumerate() {
-            if s.len_q == 0 || s.len_k == 0 || s.len_q > s.len_k {
+            if s.len_q == 0 || s.len_k == 0 {
+                return Err(Error::InvalidArgument(format!("sequence {i} is empty")));
+            }
+            // Without the causal mask the queries need not be the sequence's own tokens (a
+            // cascade's shared-prefix pass); ALiBi then has no positions to measure from.
+            if s.len_q > s.len_k && (opts.causal || opts.alibi_slopes.is_some()) {
                 return Err(Error::InvalidArgument(format!(
-                    "sequence {i}: need 1 <= len_q <= len_k, got len_q {} and len_k {}",
+                    "sequence {i}: len_q {} > len_k {} needs non-causal attention without ALiBi",
                     s.len_q, s.len_k
                 )));
             }
@@ -328,10 +336,10 @@ impl PagedAttentionPlan {
             let mut row0 = 0;
             while row0 < rows {
                 let n = tile.min(rows - row0);
-                // Positions of the tile's first and last query.
-                let first_pos = row0 / group + s.len_k - s.len_q;
-                let last_pos = (row0 + n - 1) / group + s.len_k - s.len_q;
                 let (lo, hi) = if opts.causal {
+                    // Positions of the tile's first and last query.
+                    let first_pos = row0 / group + s.len_k - s.len_q;
+                    let last_pos = (row0 + n - 1) / group + s.len_k - s.len_q;
                     let lo = window.map_or(0, |w| (first_pos + 1).saturating_sub(w));
                     (lo, last_pos + 1)
                 } else {

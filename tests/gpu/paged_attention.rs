@@ -3,6 +3,7 @@
 //! three or more bindings, batch invariance, forks and prefix hits feeding the kernel.
 
 use kvattn::attention::decode::{decode_batch, DecodeConfig};
+use kvattn::attention::merge_states::{merge_states, AttentionState};
 use kvattn::attention::paged::{
     paged_attention_host, PagedAttentionArgs, PagedAttentionPlan, PagedQuery,
 };
@@ -640,4 +641,160 @@ fn subgroup_and_portable_reductions_agree() {
     }
     let want = b.reference(KvDtype::F16, &opts);
     check("subgroups", Precision::F32, &a, &want, None);
+}
+
+#[test]
+fn cascade_prefix_pass_merged_with_suffix_pass_equals_full_attention() {
+    // Two requests share a 300-token prefix. Cascade: every query attends once to the prefix
+    // (one non-causal pass over the prefix sequence), once to its own suffix (causal), and the
+    // two states are merged. The result must equal causal attention over prefix ++ suffix.
+    let ctx = gpu_capped();
+    let shape = AttentionShape {
+        num_q_heads: 8,
+        num_kv_heads: 2,
+        head_dim_qk: 64,
+        head_dim_v: 64,
+    };
+    let (prefix, suffixes, len_qs) = (300usize, [40usize, 25], [5usize, 1]);
+    let mut rng = Rng::new(44);
+    let row = 2 * 64;
+    let cfg = PagedKvConfig {
+        block_size: 16,
+        prefix_caching: false,
+        ..PagedKvConfig::new(1, 2, 64, KvDtype::F32)
+    };
+    let mut cache = PagedKvCache::new(ctx, cfg, PoolSize::Blocks(64)).unwrap();
+    let (pk, pv) = (
+        rng.normals(prefix * row, 1.0),
+        rng.normals(prefix * row, 1.0),
+    );
+    cache.add_sequence(0, &[]).unwrap();
+    cache
+        .append_host(
+            ctx,
+            0,
+            &vec![0; prefix],
+            std::slice::from_ref(&pk),
+            std::slice::from_ref(&pv),
+        )
+        .unwrap();
+    let mut full_k = Vec::new();
+    let mut full_v = Vec::new();
+    for (i, &len) in suffixes.iter().enumerate() {
+        let (k, v) = (rng.normals(len * row, 1.0), rng.normals(len * row, 1.0));
+        let seq = i as u64 + 1;
+        cache.add_sequence(seq, &[]).unwrap();
+        cache
+            .append_host(
+                ctx,
+                seq,
+                &vec![0; len],
+                std::slice::from_ref(&k),
+                std::slice::from_ref(&v),
+            )
+            .unwrap();
+        full_k.extend_from_slice(&pk);
+        full_k.extend(k);
+        full_v.extend_from_slice(&pv);
+        full_v.extend(v);
+    }
+    let total_q: usize = len_qs.iter().sum();
+    let rows = total_q * shape.num_q_heads;
+    let q = rng.normals(rows * 64, 1.0);
+    let qb = ctx.upload("q", &q).unwrap();
+    let state = |name: &str| {
+        (
+            ctx.filled(name, rows * 64, f32::NAN).unwrap(),
+            ctx.filled(name, rows, f32::NAN).unwrap(),
+        )
+    };
+    // Pass 1: all queries over the prefix, non-causal (len_q > len_k is allowed then).
+    let non_causal = AttentionOptions {
+        causal: false,
+        ..Default::default()
+    };
+    let prefix_batch = [PagedQuery {
+        seq: 0,
+        len_q: total_q,
+    }];
+    let args = PagedAttentionArgs {
+        layer: 0,
+        batch: &prefix_batch,
+        shape,
+        options: &non_causal,
+        precision: Precision::F32,
+    };
+    let a = state("prefix");
+    PagedAttentionPlan::new(ctx, &cache, &args)
+        .unwrap()
+        .run(ctx, &cache, 0, &qb, &a.0, &a.1)
+        .unwrap();
+    // Pass 2: each request's queries over its own suffix, causal.
+    let causal = AttentionOptions::default();
+    let suffix_batch = [
+        PagedQuery {
+            seq: 1,
+            len_q: len_qs[0],
+        },
+        PagedQuery {
+            seq: 2,
+            len_q: len_qs[1],
+        },
+    ];
+    let args = PagedAttentionArgs {
+        batch: &suffix_batch,
+        options: &causal,
+        ..args
+    };
+    let b = state("suffix");
+    PagedAttentionPlan::new(ctx, &cache, &args)
+        .unwrap()
+        .run(ctx, &cache, 0, &qb, &b.0, &b.1)
+        .unwrap();
+    let out = state("merged");
+    fn st(s: &(wgpu::Buffer, wgpu::Buffer)) -> AttentionState<'_> {
+        AttentionState { o: &s.0, lse: &s.1 }
+    }
+    merge_states(ctx, rows, 64, st(&a), st(&b), st(&out)).unwrap();
+    let got = reference::AttentionOutput {
+        out: ctx.read_back(&out.0, rows * 64).unwrap(),
+        lse: ctx.read_back(&out.1, rows).unwrap(),
+    };
+    let cu_q = [0u32, len_qs[0] as u32, total_q as u32];
+    let cu_k = [
+        0u32,
+        (prefix + suffixes[0]) as u32,
+        (2 * prefix + suffixes[0] + suffixes[1]) as u32,
+    ];
+    let batch = RaggedBatch {
+        q: &q,
+        k: &full_k,
+        v: &full_v,
+        cu_seqlens_q: &cu_q,
+        cu_seqlens_k: &cu_k,
+    };
+    let want = reference::attention(&batch, &shape, &causal).unwrap();
+    check("cascade", Precision::F32, &got, &want, None);
+    // More queries than keys: refused when causal or with ALiBi, accepted otherwise.
+    let many = [PagedQuery { seq: 2, len_q: 30 }];
+    let bad = PagedAttentionArgs {
+        batch: &many,
+        ..args
+    };
+    assert!(PagedAttentionPlan::new(ctx, &cache, &bad).is_err());
+    let alibi = AttentionOptions {
+        causal: false,
+        alibi_slopes: Some(vec![0.1; 8]),
+        ..Default::default()
+    };
+    let bad = PagedAttentionArgs {
+        options: &alibi,
+        ..bad
+    };
+    assert!(PagedAttentionPlan::new(ctx, &cache, &bad).is_err());
+    let ok = PagedAttentionArgs {
+        options: &non_causal,
+        ..bad
+    };
+    assert!(PagedAttentionPlan::new(ctx, &cache, &ok).is_ok());
 }
