@@ -166,7 +166,7 @@ impl Kernel {
     }
 }
 
-/// One composable shader: a kernel in a precision.
+/// One composable shader: a kernel in a precision, with portable or subgroup reductions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ShaderVariant {
     /// The kernel family.
