@@ -6,7 +6,9 @@
 //! sequence in the batch with one `append_kv` dispatch per pool buffer.
 
 use super::allocator::{AllocatorConfig, BlockAllocator, BlockId, SeqId, SwappedSeq};
-use super::append_kv::{append_kv, SourceDtype};
+use std::cell::OnceCell;
+
+use super::append_kv::{append_rows, AppendRows, SourceDtype};
 use super::copy_blocks::copy_blocks;
 use super::pool::{BlockPool, LayerPools, PoolLayout};
 use super::telemetry::Telemetry;
@@ -100,10 +102,12 @@ pub enum PoolSize {
 }
 
 /// The new tokens of a batch: their slots in batch order (the order of the rows in the source
-/// buffers given to [`PagedKvCache::write_layer`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// buffers given to [`PagedKvCache::write_layer`]). The GPU arrangement of the rows is built by
+/// the first `write_layer` and reused by every later layer.
+#[derive(Debug, Clone, Default)]
 pub struct AppendBatch {
     slots: Vec<u32>,
+    rows: OnceCell<AppendRows>,
 }
 
 impl AppendBatch {
@@ -269,6 +273,7 @@ impl PagedKvCache {
             }
         }
         batch.slots.extend_from_slice(&plan.slots);
+        batch.rows = OnceCell::new();
         Ok(())
     }
 
@@ -284,8 +289,17 @@ impl PagedKvCache {
         src: SourceDtype,
     ) -> Result<()> {
         let pools = self.layer(layer)?;
-        append_kv(ctx, &pools.k, k, src, &batch.slots)?;
-        append_kv(ctx, &pools.v, v, src, &batch.slots)
+        // K and V pools share heads, block size and split, so one arrangement serves both and
+        // every layer.
+        let rows = match batch.rows.get() {
+            Some(rows) => rows,
+            None => {
+                let rows = AppendRows::new(ctx, &pools.k, &batch.slots)?;
+                batch.rows.get_or_init(|| rows)
+            }
+        };
+        append_rows(ctx, &pools.k, k, src, rows)?;
+        append_rows(ctx, &pools.v, v, src, rows)
     }
 
     /// Appends `tokens` to `seq` with their K/V given on the host, per layer (`k[layer]` is
@@ -323,17 +337,24 @@ impl PagedKvCache {
         }
         let mut batch = AppendBatch::new();
         self.append_tokens(ctx, &mut batch, seq, tokens)?;
-        // Upload in chunks whose rows fit one storage binding.
+        // Upload in chunks whose rows fit one storage binding; arrange each chunk's rows once.
         let row_bytes = 4 * c.num_kv_heads * c.head_dim_k.max(c.head_dim_v);
-        let per_chunk = (ctx.caps().max_storage_buffer_binding_size as usize / row_bytes).max(1);
+        let binding = ctx.device.limits().max_storage_buffer_binding_size as usize;
+        let per_chunk = (binding / row_bytes).max(1);
         let (kr, vr) = (c.num_kv_heads * c.head_dim_k, c.num_kv_heads * c.head_dim_v);
+        let chunks = batch
+            .slots
+            .chunks(per_chunk)
+            .map(|slots| AppendRows::new(ctx, &self.layers[0].k, slots))
+            .collect::<Result<Vec<_>>>()?;
         for (layer, pools) in self.layers.iter().enumerate() {
-            for (i, slots) in batch.slots.chunks(per_chunk).enumerate() {
-                let rows = i * per_chunk..i * per_chunk + slots.len();
-                let kb = ctx.upload("new k", &k[layer][rows.start * kr..rows.end * kr])?;
-                let vb = ctx.upload("new v", &v[layer][rows.start * vr..rows.end * vr])?;
-                append_kv(ctx, &pools.k, &kb, SourceDtype::F32, slots)?;
-                append_kv(ctx, &pools.v, &vb, SourceDtype::F32, slots)?;
+            for (i, rows) in chunks.iter().enumerate() {
+                let start = i * per_chunk;
+                let end = (start + per_chunk).min(batch.slots.len());
+                let kb = ctx.upload("new k", &k[layer][start * kr..end * kr])?;
+                let vb = ctx.upload("new v", &v[layer][start * vr..end * vr])?;
+                append_rows(ctx, &pools.k, &kb, SourceDtype::F32, rows)?;
+                append_rows(ctx, &pools.v, &vb, SourceDtype::F32, rows)?;
             }
         }
         Ok(())

@@ -139,3 +139,24 @@ pub fn option_sets(hq: usize, seed: u64) -> Vec<(&'static str, AttentionOptions)
         ),
     ]
 }
+
+/// The largest error seen per label (e.g. "f16/f32": storage / kernel precision), in first-seen
+/// order, for the summary line a grid test prints.
+#[derive(Default)]
+pub struct Worst(Vec<(String, f64)>);
+
+impl Worst {
+    /// Records `err` under `label`.
+    pub fn add(&mut self, label: String, err: f64) {
+        match self.0.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, w)) => *w = w.max(err),
+            None => self.0.push((label, err)),
+        }
+    }
+}
+
+impl std::fmt::Debug for Worst {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(&self.0).finish()
+    }
+}

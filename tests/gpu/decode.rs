@@ -9,7 +9,7 @@ use kvattn::reference;
 use kvattn::shader::Precision;
 use kvattn::Error;
 
-use crate::common::{gpu, max_abs_err, option_sets, output_scale, Rng};
+use crate::common::{gpu, max_abs_err, option_sets, output_scale, Rng, Worst};
 
 const CONTEXTS: [usize; 4] = [1, 17, 97, 1000];
 
@@ -167,7 +167,7 @@ fn precisions() -> Vec<Precision> {
 fn decode_matches_reference_on_grid() {
     let ctx = gpu();
     let mut cases = 0;
-    let mut worst: Vec<(String, f64)> = Vec::new();
+    let mut worst = Worst::default();
     for &d in &[64usize, 80, 128, 256] {
         for (hi, &(hq, hkv)) in HEADS.iter().enumerate() {
             let shape = AttentionShape {
@@ -204,20 +204,13 @@ fn decode_matches_reference_on_grid() {
                         lse_err <= lse_bound,
                         "{name}: lse error {lse_err:e} > {lse_bound:e}"
                     );
-                    worst.push((format!("{dtype}/{}", precision.name()), err / scale));
+                    worst.add(format!("{dtype}/{}", precision.name()), err / scale);
                     cases += 1;
                 }
             }
         }
     }
-    let mut summary: Vec<(String, f64)> = Vec::new();
-    for (k, e) in worst {
-        match summary.iter_mut().find(|(n, _)| *n == k) {
-            Some((_, w)) => *w = w.max(e),
-            None => summary.push((k, e)),
-        }
-    }
-    eprintln!("decode grid: {cases} cases; worst error / output scale: {summary:?}");
+    eprintln!("decode grid: {cases} cases; worst error / output scale: {worst:?}");
 }
 
 #[test]

@@ -117,11 +117,7 @@ fn random_appends_and_forks_read_back_through_block_tables() {
         let mut rng = Rng::new(block_size as u64);
         let mut models: BTreeMap<u64, Model> = BTreeMap::new();
         let mut next = 0u64;
-        let empty = Model {
-            tokens: vec![],
-            k: vec![vec![]; 2],
-            v: vec![vec![]; 2],
-        };
+        let empty = empty_model();
         for step in 0..60 {
             let roll = rng.next_u64() % 10;
             if models.is_empty() || roll == 0 {
@@ -175,14 +171,7 @@ fn fork_copy_on_write_keeps_both_branches() {
     let mut rng = Rng::new(11);
     let mut models = BTreeMap::new();
     cache.add_sequence(1, &[]).unwrap();
-    models.insert(
-        1,
-        Model {
-            tokens: vec![],
-            k: vec![vec![]; 2],
-            v: vec![vec![]; 2],
-        },
-    );
+    models.insert(1, empty_model());
     append(&mut cache, &mut rng, &mut models, 1, 13).unwrap(); // one full block, one partial
     cache.fork(1, 2).unwrap();
     models.insert(2, models[&1].clone());
@@ -275,14 +264,7 @@ fn swap_out_and_in_is_bit_identical() {
     let mut models = BTreeMap::new();
     for seq in [1u64, 2] {
         cache.add_sequence(seq, &[]).unwrap();
-        models.insert(
-            seq,
-            Model {
-                tokens: vec![],
-                k: vec![vec![]; 2],
-                v: vec![vec![]; 2],
-            },
-        );
+        models.insert(seq, empty_model());
         append(&mut cache, &mut rng, &mut models, seq, 23).unwrap();
     }
     let before: Vec<_> = (0..2)
@@ -296,14 +278,7 @@ fn swap_out_and_in_is_bit_identical() {
     );
     // Another sequence takes the freed blocks, so the swap-in lands elsewhere.
     cache.add_sequence(3, &[]).unwrap();
-    models.insert(
-        3,
-        Model {
-            tokens: vec![],
-            k: vec![vec![]; 2],
-            v: vec![vec![]; 2],
-        },
-    );
+    models.insert(3, empty_model());
     append(&mut cache, &mut rng, &mut models, 3, 23).unwrap();
     cache.swap_in(ctx, 1, &swapped).unwrap();
     assert_ne!(cache.block_table(1).unwrap(), &old_table[..]);
@@ -323,14 +298,7 @@ fn snapshots_round_trip_and_refuse_mismatches() {
     let mut rng = Rng::new(8);
     let mut models = BTreeMap::new();
     cache.add_sequence(1, &[]).unwrap();
-    models.insert(
-        1,
-        Model {
-            tokens: vec![],
-            k: vec![vec![]; 2],
-            v: vec![vec![]; 2],
-        },
-    );
+    models.insert(1, empty_model());
     append(&mut cache, &mut rng, &mut models, 1, 37).unwrap();
     let bytes = cache.export_snapshot(ctx, 1).unwrap();
 
@@ -448,4 +416,20 @@ fn f16_sources_append_bit_exact() {
     let (k, v) = cache.read_f32(ctx, 1, 0).unwrap();
     assert_eq!(k, kf);
     assert_eq!(v, vf);
+    // The batch's row arrangement, built by the first layer, serves the next one.
+    let (kw2, kf2) = halves(3 * 2 * 64, &mut rng);
+    let (vw2, vf2) = halves(3 * 2 * 32, &mut rng);
+    let (kb, vb) = (
+        ctx.upload("k", &kw2).unwrap(),
+        ctx.upload("v", &vw2).unwrap(),
+    );
+    cache
+        .write_layer(ctx, 1, &batch, &kb, &vb, SourceDtype::F16)
+        .unwrap();
+    assert_eq!(cache.read_f32(ctx, 1, 1).unwrap(), (kf2, vf2));
+    assert_eq!(
+        cache.read_f32(ctx, 1, 0).unwrap(),
+        (kf, vf),
+        "layer 0 untouched"
+    );
 }

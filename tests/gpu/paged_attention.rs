@@ -14,7 +14,7 @@ use kvattn::quant::KvDtype;
 use kvattn::reference;
 use kvattn::shader::Precision;
 
-use crate::common::{gpu, gpu_capped, max_abs_err, option_sets, output_scale, Rng};
+use crate::common::{gpu, gpu_capped, max_abs_err, option_sets, output_scale, Rng, Worst};
 
 /// A batch on the host: per sequence its K/V rows (f32, token order) and its queries.
 struct HostBatch {
@@ -238,7 +238,7 @@ fn paged_decode_and_prefill_match_reference_on_grid() {
     let block_sizes = [1usize, 8, 16, 32, 128];
     let dtypes = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
     let mut cases = 0;
-    let mut worst: Vec<(String, f64)> = Vec::new();
+    let mut worst = Worst::default();
     for (i, &(dk, dv)) in dims.iter().enumerate() {
         for (j, &(hq, hkv)) in heads.iter().enumerate() {
             let n = i * heads.len() + j;
@@ -293,19 +293,12 @@ fn paged_decode_and_prefill_match_reference_on_grid() {
                     precision.name()
                 );
                 let e = check(&name, precision, &got, &want, w16.as_ref());
-                worst.push((format!("{dtype}/{}", precision.name()), e));
+                worst.add(format!("{dtype}/{}", precision.name()), e);
                 cases += 1;
             }
         }
     }
-    let mut summary: Vec<(String, f64)> = Vec::new();
-    for (k, e) in worst {
-        match summary.iter_mut().find(|(n, _)| *n == k) {
-            Some((_, w)) => *w = w.max(e),
-            None => summary.push((k, e)),
-        }
-    }
-    eprintln!("paged grid: {cases} cases; worst error / output scale: {summary:?}");
+    eprintln!("paged grid: {cases} cases; worst error / output scale: {worst:?}");
 }
 
 #[test]
