@@ -48,6 +48,7 @@ fn copy_bandwidth(ctx: &Context, bytes: u64) -> (f64, f64) {
         head_dim: 1024,
         dtype: KvDtype::F32,
         block_size: 256,
+        scale: kvattn::quant::ScaleMode::PerRow,
     };
     let blocks = (bytes / layout.block_bytes()) as usize;
     let pool = BlockPool::with_blocks_per_buffer(ctx, layout, blocks, blocks, "copy pool").unwrap();

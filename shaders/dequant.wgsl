@@ -1,7 +1,8 @@
 // Dequantize token rows of any KV storage format to f32, exactly as the CPU codec decodes them.
 //
-// pool: rows of K_DIM values in format K_DTYPE (see kv_load.wgsl); scales: its scale words;
-// out: [num_rows, K_DIM] f32.
+// pool: rows of K_DIM values in format K_DTYPE, each followed by its scale words (kv_load.wgsl
+// with KV_BLOCK_ROWS = 1); tensor_scale: word 0 is the per-tensor FP8 scale (when
+// K_SCALE_PER_TENSOR); out: [num_rows, K_DIM] f32.
 
 struct DequantParams {
     num_rows: u32,
@@ -13,15 +14,15 @@ struct DequantParams {
 
 @group(0) @binding(0) var<uniform> params: DequantParams;
 @group(0) @binding(1) var<storage, read> pool: array<u32>;
-@group(0) @binding(2) var<storage, read> scales: array<u32>;
+@group(0) @binding(2) var<storage, read> tensor_scale: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
 
 fn kv_word(which: u32, i: u32) -> u32 {
     return pool[i];
 }
 
-fn kv_scale_word(which: u32, i: u32) -> u32 {
-    return scales[i];
+fn kv_tensor_scale(which: u32) -> f32 {
+    return bitcast<f32>(tensor_scale[0]);
 }
 
 @compute @workgroup_size(64)

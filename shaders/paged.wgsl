@@ -15,6 +15,11 @@
 // (which also adds the sinks).
 //
 // Scores follow DESIGN.md section 2: scale, softcap, ALiBi, mask (bottom-right causal, window).
+//
+// Quantized K/V (FP8, int8) are read as codes (kv_load4_codes) and their scales are applied once
+// per key rather than per value: a K row's scale multiplies its dot products, a V row's scale its
+// probabilities, and a per-tensor V scale the output once. Int4 (a scale per group of 32) is
+// decoded in full.
 
 struct PagedParams {
     num_q_heads: u32,
@@ -39,6 +44,14 @@ struct PagedParams {
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
+}
+
+// A pool's per-tensor FP8 scale (1 for the other scale modes) and its reciprocal.
+struct TensorScale {
+    scale: f32,
+    inv_scale: f32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 override WG: u32 = 64u;
@@ -72,6 +85,8 @@ const SEQ_WORDS: u32 = 4u;
 // Partial states: [item, kv head, TILE, V_DIM / 4] and [item, kv head, TILE].
 @group(0) @binding(5) var<storage, read_write> o_part: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> lse_part: array<f32>;
+@group(0) @binding(7) var<uniform> k_tensor: TensorScale;
+@group(0) @binding(8) var<uniform> v_tensor: TensorScale;
 
 var<workgroup> q_tile: array<real4, TILE * K_DIM / 4u>;
 var<workgroup> scores: array<f32, TILE * WG>;
@@ -81,6 +96,8 @@ var<workgroup> row_alpha: array<f32, MAX_TILE>;
 // Position p_i of each row's query, and its ALiBi slope.
 var<workgroup> row_pos: array<u32, MAX_TILE>;
 var<workgroup> row_slope: array<f32, MAX_TILE>;
+// Per-row scale of each key of the chunk's V rows (1 unless V has per-row scales).
+var<workgroup> v_row_scale: array<f32, WG>;
 
 // Column of accumulator set m of invocation tid.
 fn acc_col(tid: u32, m: u32) -> u32 {
@@ -105,9 +122,16 @@ fn kv_word(which: u32, i: u32) -> u32 {
     return v_pool[i];
 }
 
-// Scaled formats come with the quantized-attention issue; the host refuses them for now.
-fn kv_scale_word(which: u32, i: u32) -> u32 {
-    return 0u;
+fn kv_tensor_scale(which: u32) -> f32 {
+    if which == 0u {
+        return k_tensor.scale;
+    }
+    return v_tensor.scale;
+}
+
+// Whether V rows carry their own scale (per-row FP8, int8).
+fn v_has_row_scale() -> bool {
+    return !V_SCALE_PER_TENSOR && (V_DTYPE == KV_FP8_E4M3 || V_DTYPE == KV_FP8_E5M2 || V_DTYPE == KV_INT8);
 }
 
 // The kernel body; the entry point `main` and the row reductions `rows_update_max` /
@@ -162,12 +186,17 @@ fn attend(wid: vec3<u32>, tid: u32) {
             let block = plan[table + j / params.block_size] - params.first_block;
             let row = (block * params.num_kv_heads + kv_head) * params.block_size + j % params.block_size;
             for (var c = 0u; c < d4; c++) {
-                let k = vec4<f32>(real4(kv_load4(0u, row, c)));
+                let k = vec4<f32>(real4(kv_load4_codes(0u, row, c)));
                 for (var t = 0u; t < n_rows; t++) {
                     dots[t] += dot(vec4<f32>(q_tile[t * d4 + c]), k);
                 }
             }
+            let k_scale = kv_row_scale(0u, row);
+            if v_has_row_scale() {
+                v_row_scale[tid] = kv_row_scale(1u, row);
+            }
             for (var t = 0u; t < n_rows; t++) {
+                dots[t] *= k_scale;
                 let p = row_pos[t];
                 var visible = true;
                 if causal {
@@ -184,6 +213,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
             for (var t = 0u; t < n_rows; t++) {
                 scores[t * WG + tid] = MASKED;
             }
+            v_row_scale[tid] = 1.0;
         }
         workgroupBarrier();
 
@@ -220,11 +250,21 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 let jj = c0 + i;
                 let block = plan[table + jj / params.block_size] - params.first_block;
                 let row = (block * params.num_kv_heads + kv_head) * params.block_size + jj % params.block_size;
-                let v = vec4<f32>(real4(kv_load4(1u, row, c)));
-                for (var k = 0u; k < ACC_ROWS; k++) {
-                    let t = acc_lane(tid) + k * LANES;
-                    if t < n_rows {
-                        acc[m * ACC_ROWS + k] += scores[t * WG + i] * v;
+                let v = vec4<f32>(real4(kv_load4_codes(1u, row, c)));
+                if v_has_row_scale() {
+                    let vs = v_row_scale[i];
+                    for (var k = 0u; k < ACC_ROWS; k++) {
+                        let t = acc_lane(tid) + k * LANES;
+                        if t < n_rows {
+                            acc[m * ACC_ROWS + k] += (scores[t * WG + i] * vs) * v;
+                        }
+                    }
+                } else {
+                    for (var k = 0u; k < ACC_ROWS; k++) {
+                        let t = acc_lane(tid) + k * LANES;
+                        if t < n_rows {
+                            acc[m * ACC_ROWS + k] += scores[t * WG + i] * v;
+                        }
                     }
                 }
             }
@@ -244,7 +284,9 @@ fn attend(wid: vec3<u32>, tid: u32) {
             let t = acc_lane(tid) + k * LANES;
             if t < n_rows {
                 let l = row_sum[t];
-                o_part[(out_base + t) * dv4 + c] = acc[m * ACC_ROWS + k] * select(0.0, 1.0 / l, l > 0.0);
+                // A per-tensor V scale (1 otherwise) applied once, with the normalization.
+                let v_scale = select(1.0, v_tensor.scale, V_SCALE_PER_TENSOR);
+                o_part[(out_base + t) * dv4 + c] = acc[m * ACC_ROWS + k] * (select(0.0, 1.0 / l, l > 0.0) * v_scale);
                 if c == 0u {
                     lse_part[out_base + t] = softmax_lse(row_max[t], l);
                 }

@@ -644,11 +644,11 @@ fn kv_word(which: u32, i: u32) -> u32 {
     return v_pool[i];
 }
 
-fn kv_scale_word(which: u32, i: u32) -> u32 {
+fn kv_tensor_scale(which: u32) -> f32 {
     if which == 0u {
-        return k_scales[i];
+        return bitcast<f32>(k_scales[0]);
     }
-    return v_scales[i];
+    return bitcast<f32>(v_scales[0]);
 }
 
 @compute @workgroup_size(64)
@@ -659,7 +659,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         out[2u * (row * 256u + c)] = kv_load4(0u, row, c);
     }
     if c < V_DIM / 4u {
-        out[2u * (row * 256u + c) + 1u] = kv_load4(1u, row, c);
+        out[2u * (row * 256u + c) + 1u] = kv_load4(1u, row, c) + kv_load4_codes(1u, row, c);
     }
     // The pure helpers, so that they are validated even where kv_load4 does not reach them.
     let w = k_pool[0];
@@ -689,7 +689,7 @@ fn kv_load_wgsl_is_valid_core_wgsl() {
             "kv_format.wgsl and kv_load.wgsl must stay core WGSL"
         );
     }
-    // The library calls kv_word / kv_scale_word, so it validates only with a kernel around it.
+    // The library calls kv_word / kv_tensor_scale, so it validates only with a kernel around it.
     let src = format!("{KV_FORMAT}\n{KV_LOAD}\n{STUB_KERNEL}");
     let (module, info) = validate(&src);
     // Codes match KvDtype::code.
@@ -721,6 +721,7 @@ fn kv_load_wgsl_is_valid_core_wgsl() {
         "V_DIM",
         "K_SCALE_PER_TENSOR",
         "V_SCALE_PER_TENSOR",
+        "KV_BLOCK_ROWS",
     ] {
         assert!(overrides.contains(&name), "override {name} missing");
     }
@@ -739,6 +740,7 @@ fn kv_load_wgsl_is_valid_core_wgsl() {
                 pc.insert("V_DIM".into(), vd as f64);
                 pc.insert("K_SCALE_PER_TENSOR".into(), per_tensor(k) as u32 as f64);
                 pc.insert("V_SCALE_PER_TENSOR".into(), per_tensor(v) as u32 as f64);
+                pc.insert("KV_BLOCK_ROWS".into(), if kd == 128 { 48.0 } else { 1.0 });
                 let (m, i) = naga::back::pipeline_constants::process_overrides(
                     &module,
                     &info,

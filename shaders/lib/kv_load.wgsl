@@ -4,13 +4,18 @@
 // WGSL. The CPU codec in src/quant/ is the definition: kv_load4 computes the same f32 values,
 // bit for bit, with the same operations in the same order.
 //
-// The including kernel MUST define the two functions through which all memory is read:
-//   fn kv_word(which: u32, i: u32) -> u32        word i of the K (which == 0u) or V (1u) pool
-//   fn kv_scale_word(which: u32, i: u32) -> u32  word i of the K or V scale pool
-// and sets the overrides below. Pools hold token rows back to back, `kv_words_per_row` words
-// each (the Rust `KvDtype::words_per_row`); scale pools hold `kv_scale_words_per_row` words per
-// row (f32 bits for per-row FP8 and int8; per group of 32 values for int4: f16 scale in the low
-// half, f16 min in the high half). A per-tensor FP8 scale is word 0 of the scale pool.
+// Pool layout. A pool is an array<u32> of blocks; a block holds KV_BLOCK_ROWS token rows (KV
+// heads x slots, row r of the pool is row r % KV_BLOCK_ROWS of block r / KV_BLOCK_ROWS): first
+// the rows' values, `kv_words_per_row` words each, then the rows' scale words,
+// `kv_scale_words_per_row` each (f32 bits for per-row FP8 and int8; one word per group of 32
+// values for int4: f16 scale in the low half, f16 min in the high half). Formats without
+// per-row scales have no scale section, so row r's values start at word r * words_per_row.
+//
+// The including kernel MUST define:
+//   fn kv_word(which: u32, i: u32) -> u32   word i of the K (which == 0u) or V (1u) pool
+//   fn kv_tensor_scale(which: u32) -> f32   the per-tensor FP8 scale of K or V (called only
+//                                           when K_SCALE_PER_TENSOR / V_SCALE_PER_TENSOR)
+// and sets the overrides below.
 //
 // Exactness: f16 and FP8 decodes build the f32 bits with integer ops. The products below
 // (fp8 * scale, int8 * scale) are single correctly rounded f32 multiplies; int4's
@@ -25,14 +30,71 @@ override K_DIM: u32 = 128u;
 override V_DIM: u32 = 128u;
 override K_SCALE_PER_TENSOR: bool = false;
 override V_SCALE_PER_TENSOR: bool = false;
+// Token rows per block (KV heads x block size); 1 for rows back to back with their scales.
+override KV_BLOCK_ROWS: u32 = 1u;
 
-// Values c4 * 4 .. c4 * 4 + 3 of token row `row` of K (which == 0u) or V (which == 1u).
-fn kv_load4(which: u32, row: u32, c4: u32) -> vec4<f32> {
-    let is_v = which != 0u;
-    let dtype = select(K_DTYPE, V_DTYPE, is_v);
-    let dim = select(K_DIM, V_DIM, is_v);
-    let per_tensor = select(K_SCALE_PER_TENSOR, V_SCALE_PER_TENSOR, is_v);
-    let base = row * kv_words_per_row(dtype, dim);
+fn kv_dtype_of(which: u32) -> u32 {
+    return select(K_DTYPE, V_DTYPE, which != 0u);
+}
+
+fn kv_dim_of(which: u32) -> u32 {
+    return select(K_DIM, V_DIM, which != 0u);
+}
+
+fn kv_per_tensor_of(which: u32) -> bool {
+    return select(K_SCALE_PER_TENSOR, V_SCALE_PER_TENSOR, which != 0u);
+}
+
+// Value words per row of K or V.
+fn kv_wpr(which: u32) -> u32 {
+    return kv_words_per_row(kv_dtype_of(which), kv_dim_of(which));
+}
+
+// Scale words per row of K or V.
+fn kv_spr(which: u32) -> u32 {
+    return kv_scale_words_per_row(kv_dtype_of(which), kv_dim_of(which), kv_per_tensor_of(which));
+}
+
+// First value word of pool row `row`.
+fn kv_row_base(which: u32, row: u32) -> u32 {
+    let wpr = kv_wpr(which);
+    let spr = kv_spr(which);
+    if spr == 0u {
+        return row * wpr;
+    }
+    return (row / KV_BLOCK_ROWS) * (KV_BLOCK_ROWS * (wpr + spr)) + (row % KV_BLOCK_ROWS) * wpr;
+}
+
+// First scale word of pool row `row` (meaningful only when the format has per-row scales).
+fn kv_scale_base(which: u32, row: u32) -> u32 {
+    let wpr = kv_wpr(which);
+    let spr = kv_spr(which);
+    return (row / KV_BLOCK_ROWS) * (KV_BLOCK_ROWS * (wpr + spr)) + KV_BLOCK_ROWS * wpr
+        + (row % KV_BLOCK_ROWS) * spr;
+}
+
+// The factor every value of row `row` is multiplied by when read, for FP8 (per-tensor or per-row)
+// and int8; 1 for the other formats. Kernels may apply it once per row instead of per value (to
+// a dot product, or to a probability), reading values with kv_load4_codes.
+fn kv_row_scale(which: u32, row: u32) -> f32 {
+    switch kv_dtype_of(which) {
+        case KV_FP8_E4M3, KV_FP8_E5M2, KV_INT8: {
+            if kv_per_tensor_of(which) {
+                return kv_tensor_scale(which);
+            }
+            return bitcast<f32>(kv_word(which, kv_scale_base(which, row)));
+        }
+        default: {
+            return 1.0;
+        }
+    }
+}
+
+// Values c4 * 4 .. c4 * 4 + 3 of row `row`, without the row factor kv_row_scale (FP8 and int8
+// give their decoded codes; the other formats give their values).
+fn kv_load4_codes(which: u32, row: u32, c4: u32) -> vec4<f32> {
+    let dtype = kv_dtype_of(which);
+    let base = kv_row_base(which, row);
     var r = vec4<f32>(0.0);
     switch dtype {
         case KV_F32: {
@@ -54,36 +116,42 @@ fn kv_load4(which: u32, row: u32, c4: u32) -> vec4<f32> {
             let w = vec2<u32>(kv_word(which, i), kv_word(which, i + 1u));
             r = vec4<f32>(kv_unpack_bf16x2(w.x), kv_unpack_bf16x2(w.y));
         }
-        case KV_FP8_E4M3, KV_FP8_E5M2: {
+        case KV_FP8_E4M3: {
             let b = kv_bytes(kv_word(which, base + c4));
-            let scale = bitcast<f32>(kv_scale_word(which, select(row, 0u, per_tensor)));
-            if dtype == KV_FP8_E4M3 {
-                r = vec4<f32>(
-                    kv_fp8_e4m3(b.x), kv_fp8_e4m3(b.y), kv_fp8_e4m3(b.z), kv_fp8_e4m3(b.w)
-                );
-            } else {
-                r = vec4<f32>(
-                    kv_fp8_e5m2(b.x), kv_fp8_e5m2(b.y), kv_fp8_e5m2(b.z), kv_fp8_e5m2(b.w)
-                );
-            }
-            r = r * scale;
+            r = vec4<f32>(kv_fp8_e4m3(b.x), kv_fp8_e4m3(b.y), kv_fp8_e4m3(b.z), kv_fp8_e4m3(b.w));
+        }
+        case KV_FP8_E5M2: {
+            let b = kv_bytes(kv_word(which, base + c4));
+            r = vec4<f32>(kv_fp8_e5m2(b.x), kv_fp8_e5m2(b.y), kv_fp8_e5m2(b.z), kv_fp8_e5m2(b.w));
         }
         case KV_INT8: {
             let w = kv_word(which, base + c4);
             // Sign-extend each byte: move it to the top, arithmetic shift back down.
             let top = vec4<u32>(w) << vec4<u32>(24u, 16u, 8u, 0u);
-            let q = bitcast<vec4<i32>>(top) >> vec4<u32>(24u);
-            r = vec4<f32>(q) * bitcast<f32>(kv_scale_word(which, row));
+            r = vec4<f32>(bitcast<vec4<i32>>(top) >> vec4<u32>(24u));
         }
         case KV_INT4: {
             // Eight codes per word: values c4 * 4 .. + 3 are one half of word c4 / 2.
             let w = kv_word(which, base + c4 / 2u) >> ((c4 & 1u) * 16u);
             let q = (vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u);
             // Group c4 / 8 (32 values); f16 scale in the low half, f16 min in the high half.
-            let sm = kv_unpack_f16x2(kv_scale_word(which, row * (dim / 32u) + c4 / 8u));
+            let sm = kv_unpack_f16x2(kv_word(which, kv_scale_base(which, row) + c4 / 8u));
             r = fma(vec4<f32>(q), vec4<f32>(sm.x), vec4<f32>(sm.y));
         }
         default: {}
     }
     return r;
+}
+
+// Values c4 * 4 .. c4 * 4 + 3 of row `row`, decoded exactly as the CPU codec does.
+fn kv_load4(which: u32, row: u32, c4: u32) -> vec4<f32> {
+    let r = kv_load4_codes(which, row, c4);
+    switch kv_dtype_of(which) {
+        case KV_FP8_E4M3, KV_FP8_E5M2, KV_INT8: {
+            return r * kv_row_scale(which, row);
+        }
+        default: {
+            return r;
+        }
+    }
 }

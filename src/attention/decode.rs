@@ -17,7 +17,7 @@ use crate::shader::Precision;
 use crate::{Error, Result};
 
 /// Storage formats this kernel reads.
-pub const SUPPORTED: [KvDtype; 3] = paged::SUPPORTED;
+pub const SUPPORTED: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
 
 /// GPU buffers and metadata of one decode call.
 #[derive(Debug, Clone, Copy)]
@@ -128,6 +128,7 @@ pub fn decode(ctx: &Context, args: &DecodeArgs) -> Result<()> {
         head_dim,
         dtype,
         block_size: 1,
+        scale: ScaleMode::PerRow,
     };
     let geometry = KvGeometry {
         k: layout(args.k_dtype, shape.head_dim_qk),
@@ -148,7 +149,15 @@ pub fn decode(ctx: &Context, args: &DecodeArgs) -> Result<()> {
         &seqs,
         paged::SPLIT_TOKENS,
     )?;
-    plan.run_on(ctx, &[(args.k, args.v)], args.q, args.out, args.lse)
+    let ones = ctx.uniform("unit scale", &geometry.k.tensor_scale()?);
+    plan.run_on(
+        ctx,
+        &[(args.k, args.v)],
+        (&ones, &ones),
+        args.q,
+        args.out,
+        args.lse,
+    )
 }
 
 /// Storage formats and kernel precision of a [`decode_batch`] call.

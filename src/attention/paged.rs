@@ -96,12 +96,12 @@ pub fn tile_rows(shape: &AttentionShape, precision: Precision) -> usize {
     MAX_TILE.min(by_memory).min(by_acc).max(1)
 }
 
-/// Override constants of the attention kernel.
+/// Override constants of the attention kernel over pools of layouts `k` and `v`.
 pub(crate) fn constants(
     shape: &AttentionShape,
     precision: Precision,
-    k: KvDtype,
-    v: KvDtype,
+    k: &PoolLayout,
+    v: &PoolLayout,
 ) -> Vec<(&'static str, f64)> {
     vec![
         ("WG", f64::from(WG)),
@@ -109,8 +109,17 @@ pub(crate) fn constants(
         ("TILE", tile_rows(shape, precision) as f64),
         ("K_DIM", shape.head_dim_qk as f64),
         ("V_DIM", shape.head_dim_v as f64),
-        ("K_DTYPE", f64::from(k.code())),
-        ("V_DTYPE", f64::from(v.code())),
+        ("K_DTYPE", f64::from(k.dtype.code())),
+        ("V_DTYPE", f64::from(v.dtype.code())),
+        (
+            "K_SCALE_PER_TENSOR",
+            f64::from(u8::from(k.per_tensor_scale())),
+        ),
+        (
+            "V_SCALE_PER_TENSOR",
+            f64::from(u8::from(v.per_tensor_scale())),
+        ),
+        ("KV_BLOCK_ROWS", k.block_rows() as f64),
     ]
 }
 
@@ -124,25 +133,44 @@ pub fn representative_constants(precision: Precision) -> Vec<Vec<(&'static str, 
         (16, 2, 192, 128),
         (16, 1, 1024, 1024),
     ];
-    let dtypes = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
-    shapes
-        .iter()
-        .enumerate()
-        .map(|(i, &(hq, hkv, dk, dv))| {
-            let shape = AttentionShape {
-                num_q_heads: hq,
+    // (K dtype, V dtype, per-tensor FP8 scales), cycled over the shapes.
+    let dtypes = [
+        (KvDtype::F32, KvDtype::F32, false),
+        (KvDtype::F16, KvDtype::F16, false),
+        (KvDtype::Bf16, KvDtype::Bf16, false),
+        (KvDtype::Fp8E4M3, KvDtype::Fp8E5M2, true),
+        (KvDtype::Int8, KvDtype::Int4, false),
+        (KvDtype::Fp8E5M2, KvDtype::Int8, false),
+    ];
+    let mut sets = Vec::new();
+    for (i, &(hq, hkv, dk, dv)) in shapes.iter().enumerate() {
+        let shape = AttentionShape {
+            num_q_heads: hq,
+            num_kv_heads: hkv,
+            head_dim_qk: dk,
+            head_dim_v: dv,
+        };
+        for j in [i, i + 3] {
+            let (k, v, per_tensor) = dtypes[j % dtypes.len()];
+            let layout = |dtype: KvDtype, head_dim| PoolLayout {
                 num_kv_heads: hkv,
-                head_dim_qk: dk,
-                head_dim_v: dv,
+                head_dim,
+                dtype,
+                block_size: 16,
+                scale: if per_tensor {
+                    crate::quant::ScaleMode::PerTensor(0.5)
+                } else {
+                    crate::quant::ScaleMode::PerRow
+                },
             };
-            let d = dtypes[i % dtypes.len()];
-            constants(&shape, precision, d, d)
-        })
-        .collect()
+            sets.push(constants(&shape, precision, &layout(k, dk), &layout(v, dv)));
+        }
+    }
+    sets
 }
 
-/// Storage formats the attention kernels read today.
-pub const SUPPORTED: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
+/// Storage formats the attention kernels read: every [`KvDtype`].
+pub const SUPPORTED: [KvDtype; 7] = KvDtype::ALL;
 
 /// One sequence of a batch: its queries are its last `len_q` cached tokens (bottom-right
 /// alignment: `len_k` is the sequence's length in the cache, so append the chunk's K/V first).
@@ -219,14 +247,6 @@ fn check_shape_and_options(
 ) -> Result<()> {
     shape.validate()?;
     options.validate(shape)?;
-    for (name, layout) in [("K", geometry.k), ("V", geometry.v)] {
-        if !SUPPORTED.contains(&layout.dtype) {
-            return Err(Error::InvalidArgument(format!(
-                "{name} dtype {}: the attention kernels read f32, f16 or bf16 for now",
-                layout.dtype
-            )));
-        }
-    }
     geometry.k.dtype.check_head_dim(shape.head_dim_qk)?;
     geometry.v.dtype.check_head_dim(shape.head_dim_v)?;
     if shape.num_kv_heads != geometry.k.num_kv_heads
@@ -518,8 +538,8 @@ impl PagedAttentionPlan {
             _ => constants(
                 &self.shape,
                 self.precision,
-                self.geometry.k.dtype,
-                self.geometry.v.dtype,
+                &self.geometry.k,
+                &self.geometry.v,
             ),
         };
         let subgroups = self.subgroups && kernel.has_subgroup_variant();
@@ -533,12 +553,14 @@ impl PagedAttentionPlan {
         )
     }
 
-    /// Runs the batch on one layer's pools: `pools[b]` is the (K, V) buffer pair `b`. `q` is
+    /// Runs the batch on one layer's pools: `pools[b]` is the (K, V) buffer pair `b`, `scales`
+    /// the K and V pools' [`TensorScale`](crate::cache::pool::TensorScale) uniforms. `q` is
     /// `[total_q, Hq, d_qk]` f32; writes `out` `[total_q, Hq, d_v]` and `lse` `[total_q, Hq]`.
     pub(crate) fn run_on(
         &self,
         ctx: &Context,
         pools: &[(&wgpu::Buffer, &wgpu::Buffer)],
+        scales: (&wgpu::Buffer, &wgpu::Buffer),
         q: &wgpu::Buffer,
         out: &wgpu::Buffer,
         lse: &wgpu::Buffer,
@@ -569,7 +591,17 @@ impl PagedAttentionPlan {
             let (k, v) = pools[*buffer];
             ctx.dispatch(
                 &pipeline,
-                &[uniform, q, k, v, &self.meta, &self.o_part, &self.lse_part],
+                &[
+                    uniform,
+                    q,
+                    k,
+                    v,
+                    &self.meta,
+                    &self.o_part,
+                    &self.lse_part,
+                    scales.0,
+                    scales.1,
+                ],
                 [*list_len as u32, s.num_kv_heads as u32, 1],
             )?;
         }
@@ -602,7 +634,8 @@ impl PagedAttentionPlan {
     ) -> Result<()> {
         let pools = cache.layer(layer)?;
         let pairs: Vec<_> = pools.k.buffers().iter().zip(pools.v.buffers()).collect();
-        self.run_on(ctx, &pairs, q, out, lse)
+        let scales = (pools.k.scale_uniform(), pools.v.scale_uniform());
+        self.run_on(ctx, &pairs, scales, q, out, lse)
     }
 }
 

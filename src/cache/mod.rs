@@ -8,5 +8,6 @@ pub mod paged;
 pub mod pool;
 pub mod prefix;
 pub mod presets;
+pub mod scales;
 pub mod snapshot;
 pub mod telemetry;

@@ -11,13 +11,14 @@ use std::cell::OnceCell;
 use super::append_kv::{append_rows, AppendRows, SourceDtype};
 use super::copy_blocks::copy_blocks;
 use super::pool::{BlockPool, LayerPools, PoolLayout};
+use super::scales::CacheScales;
 use super::telemetry::Telemetry;
 use crate::gpu::Context;
-use crate::quant::{decode_rows, EncodedRows, KvDtype, ScaleMode};
+use crate::quant::{decode_rows, EncodedRows, KvDtype};
 use crate::{Error, Result};
 
 /// What a paged cache holds: model shape, storage formats, block size.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PagedKvConfig {
     /// Transformer layers.
     pub layers: usize,
@@ -31,6 +32,10 @@ pub struct PagedKvConfig {
     pub k_dtype: KvDtype,
     /// Storage format of V.
     pub v_dtype: KvDtype,
+    /// Scales of K (quantized formats; [`CacheScales::PerRow`] otherwise).
+    pub k_scales: CacheScales,
+    /// Scales of V.
+    pub v_scales: CacheScales,
     /// Token slots per block: a power of two from 1 to 256 (default 16).
     pub block_size: usize,
     /// Share full blocks of identical prompt prefixes.
@@ -41,7 +46,7 @@ pub struct PagedKvConfig {
 
 impl PagedKvConfig {
     /// A cache of `layers` layers of `num_kv_heads` heads of dim `head_dim` (K and V) in
-    /// `dtype`, block size 16, prefix caching on, no model id.
+    /// `dtype` with per-row scales, block size 16, prefix caching on, no model id.
     pub fn new(layers: usize, num_kv_heads: usize, head_dim: usize, dtype: KvDtype) -> Self {
         Self {
             layers,
@@ -50,28 +55,42 @@ impl PagedKvConfig {
             head_dim_v: head_dim,
             k_dtype: dtype,
             v_dtype: dtype,
+            k_scales: CacheScales::PerRow,
+            v_scales: CacheScales::PerRow,
             block_size: 16,
             prefix_caching: true,
             model_id: String::new(),
         }
     }
 
-    /// Layout of the K pools.
+    /// Layout of the K pools (of layer 0: the layers differ at most in their per-tensor scale).
     pub fn k_layout(&self) -> PoolLayout {
+        self.k_layout_of(0)
+    }
+
+    /// Layout of the V pools (of layer 0).
+    pub fn v_layout(&self) -> PoolLayout {
+        self.v_layout_of(0)
+    }
+
+    /// Layout of the K pool of `layer`.
+    pub fn k_layout_of(&self, layer: usize) -> PoolLayout {
         PoolLayout {
             num_kv_heads: self.num_kv_heads,
             head_dim: self.head_dim_k,
             dtype: self.k_dtype,
             block_size: self.block_size,
+            scale: self.k_scales.mode(layer),
         }
     }
 
-    /// Layout of the V pools.
-    pub fn v_layout(&self) -> PoolLayout {
+    /// Layout of the V pool of `layer`.
+    pub fn v_layout_of(&self, layer: usize) -> PoolLayout {
         PoolLayout {
             head_dim: self.head_dim_v,
             dtype: self.v_dtype,
-            ..self.k_layout()
+            scale: self.v_scales.mode(layer),
+            ..self.k_layout_of(layer)
         }
     }
 
@@ -82,6 +101,8 @@ impl PagedKvConfig {
                 "a cache needs at least one layer".into(),
             ));
         }
+        self.k_scales.validate("K", self.k_dtype, self.layers)?;
+        self.v_scales.validate("V", self.v_dtype, self.layers)?;
         self.k_layout().validate()?;
         self.v_layout().validate()
     }
@@ -177,8 +198,8 @@ impl PagedKvCache {
         let layers = (0..config.layers)
             .map(|l| {
                 Ok(LayerPools {
-                    k: pool(config.k_layout(), format!("k pool {l}"))?,
-                    v: pool(config.v_layout(), format!("v pool {l}"))?,
+                    k: pool(config.k_layout_of(l), format!("k pool {l}"))?,
+                    v: pool(config.v_layout_of(l), format!("v pool {l}"))?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -360,46 +381,54 @@ impl PagedKvCache {
         Ok(())
     }
 
-    /// The stored words of `seq`'s rows in `layer`, in token order: K `[len, Hkv, k words per
-    /// row]` and V likewise, gathered through the block table.
+    /// The stored rows of `seq` in `layer`, in token order, K and V: values `[len, Hkv, words
+    /// per row]` and scale words `[len, Hkv, scale words per row]` (gathered through the block
+    /// table), with the pool's scale mode (for per-tensor FP8, the layer's scale).
+    pub fn read_rows(
+        &self,
+        ctx: &Context,
+        seq: SeqId,
+        layer: usize,
+    ) -> Result<(EncodedRows, EncodedRows)> {
+        let blocks = self.alloc.blocks(seq)?.to_vec();
+        let len = self.alloc.len(seq)?;
+        let pools = self.layer(layer)?;
+        let gather = |pool: &BlockPool| -> Result<EncodedRows> {
+            let words = pool.read_blocks(ctx, &blocks)?;
+            let (words, scales) = blocks_to_rows(pool.layout(), &words, len);
+            let l = pool.layout();
+            Ok(EncodedRows {
+                dtype: l.dtype,
+                head_dim: l.head_dim,
+                scale_mode: l.scale,
+                words,
+                scales,
+            })
+        };
+        Ok((gather(&pools.k)?, gather(&pools.v)?))
+    }
+
+    /// The stored value words of `seq`'s rows in `layer`, in token order (see
+    /// [`read_rows`](Self::read_rows), which also returns the scales).
     pub fn read_words(
         &self,
         ctx: &Context,
         seq: SeqId,
         layer: usize,
     ) -> Result<(Vec<u32>, Vec<u32>)> {
-        let blocks = self.alloc.blocks(seq)?.to_vec();
-        let len = self.alloc.len(seq)?;
-        let pools = self.layer(layer)?;
-        let gather = |pool: &BlockPool| -> Result<Vec<u32>> {
-            let words = pool.read_blocks(ctx, &blocks)?;
-            Ok(blocks_to_rows(pool.layout(), &words, len))
-        };
-        Ok((gather(&pools.k)?, gather(&pools.v)?))
+        let (k, v) = self.read_rows(ctx, seq, layer)?;
+        Ok((k.words, v.words))
     }
 
-    /// `seq`'s K and V of `layer` in token order, decoded to f32.
+    /// `seq`'s K and V of `layer` in token order, decoded to f32 exactly as the kernels read them.
     pub fn read_f32(
         &self,
         ctx: &Context,
         seq: SeqId,
         layer: usize,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
-        let (k, v) = self.read_words(ctx, seq, layer)?;
-        let decode = |dtype: KvDtype, head_dim: usize, words: Vec<u32>| {
-            decode_rows(&EncodedRows {
-                dtype,
-                head_dim,
-                scale_mode: ScaleMode::PerRow,
-                words,
-                scales: Vec::new(),
-            })
-        };
-        let c = &self.config;
-        Ok((
-            decode(c.k_dtype, c.head_dim_k, k)?,
-            decode(c.v_dtype, c.head_dim_v, v)?,
-        ))
+        let (k, v) = self.read_rows(ctx, seq, layer)?;
+        Ok((decode_rows(&k)?, decode_rows(&v)?))
     }
 
     /// Copies `seq`'s blocks to host memory and releases them.
@@ -448,14 +477,15 @@ impl PagedKvCache {
         Ok(())
     }
 
-    /// Writes `rows` (`[len, Hkv, words per row]` per layer, K and V, token order) into the
-    /// blocks of a new sequence `seq` holding `tokens`. Used by snapshot import.
+    /// Writes `rows` (per layer, K and V, token order: values `[len, Hkv, words per row]` and
+    /// scale words `[len, Hkv, scale words per row]`) into the blocks of a new sequence `seq`
+    /// holding `tokens`. Used by snapshot import.
     pub(crate) fn insert_rows(
         &mut self,
         ctx: &Context,
         seq: SeqId,
         tokens: &[u32],
-        rows: &[(Vec<u32>, Vec<u32>)],
+        rows: &[(RowWords, RowWords)],
     ) -> Result<()> {
         self.alloc.add_sequence(seq, &[])?;
         let plan = match self.alloc.append(seq, tokens) {
@@ -483,37 +513,50 @@ impl PagedKvCache {
     }
 }
 
-/// Token-order rows `[len, Hkv, wpr]` from block-order words (the sequence's blocks in table
-/// order, each `[Hkv][block_size][wpr]`).
-fn blocks_to_rows(layout: &PoolLayout, words: &[u32], len: usize) -> Vec<u32> {
-    let (bs, wpr, bw) = (
+/// One tensor's rows in token order: value words and scale words.
+pub(crate) type RowWords = (Vec<u32>, Vec<u32>);
+
+/// Token-order values `[len, Hkv, wpr]` and scales `[len, Hkv, spr]` from block-order words (the
+/// sequence's blocks in table order, each values then scales).
+fn blocks_to_rows(layout: &PoolLayout, words: &[u32], len: usize) -> RowWords {
+    let (bs, wpr, spr, bw) = (
         layout.block_size,
         layout.words_per_row(),
+        layout.scale_words_per_row(),
         layout.block_words(),
     );
     let mut rows = Vec::with_capacity(len * layout.num_kv_heads * wpr);
+    let mut scales = Vec::with_capacity(len * layout.num_kv_heads * spr);
     for t in 0..len {
         for h in 0..layout.num_kv_heads {
-            let at = (t / bs) * bw + layout.row_in_block(h, t % bs);
+            let block = (t / bs) * bw;
+            let at = block + layout.row_in_block(h, t % bs);
             rows.extend_from_slice(&words[at..at + wpr]);
+            let at = block + layout.scales_in_block(h, t % bs);
+            scales.extend_from_slice(&words[at..at + spr]);
         }
     }
-    rows
+    (rows, scales)
 }
 
 /// The inverse of [`blocks_to_rows`]: `ceil(len / block_size)` blocks, unused slots zero.
-fn rows_to_blocks(layout: &PoolLayout, rows: &[u32], len: usize) -> Vec<u32> {
-    let (bs, wpr, bw) = (
+fn rows_to_blocks(layout: &PoolLayout, rows: &RowWords, len: usize) -> Vec<u32> {
+    let (bs, wpr, spr, bw) = (
         layout.block_size,
         layout.words_per_row(),
+        layout.scale_words_per_row(),
         layout.block_words(),
     );
     let mut words = vec![0u32; len.div_ceil(bs) * bw];
     for t in 0..len {
         for h in 0..layout.num_kv_heads {
-            let at = (t / bs) * bw + layout.row_in_block(h, t % bs);
+            let block = (t / bs) * bw;
+            let at = block + layout.row_in_block(h, t % bs);
             let src = (t * layout.num_kv_heads + h) * wpr;
-            words[at..at + wpr].copy_from_slice(&rows[src..src + wpr]);
+            words[at..at + wpr].copy_from_slice(&rows.0[src..src + wpr]);
+            let at = block + layout.scales_in_block(h, t % bs);
+            let src = (t * layout.num_kv_heads + h) * spr;
+            words[at..at + spr].copy_from_slice(&rows.1[src..src + spr]);
         }
     }
     words

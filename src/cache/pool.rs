@@ -1,15 +1,33 @@
 //! GPU block pools: one tensor (K or V of one layer) stored as blocks of
 //! `[num_kv_heads][block_size][words_per_row]` u32 words (head-major inside a block, so a decode
-//! workgroup reads one head's rows contiguously). A pool larger than the adapter's storage
-//! binding limit is split over several buffers; block ids map to (buffer, offset).
+//! workgroup reads one head's rows contiguously), followed, for formats with per-row scales, by
+//! the rows' scale words `[num_kv_heads][block_size][scale_words_per_row]`. Scales thus travel
+//! with their block through every copy, swap and snapshot. A per-tensor FP8 scale lives in a
+//! small uniform of the pool ([`BlockPool::scale_uniform`]). A pool larger than the adapter's
+//! storage binding limit is split over several buffers; block ids map to (buffer, offset).
 
 use super::allocator::BlockId;
 use crate::gpu::{Context, STORAGE};
-use crate::quant::KvDtype;
+use crate::quant::{Fp8Scale, KvDtype, ScaleMode};
 use crate::{Error, Result};
 
+crate::wgsl_struct! {
+    /// Mirror of the WGSL `TensorScale` uniform every pool carries: its per-tensor FP8 scale and
+    /// reciprocal (1 and 1 for the other scale modes).
+    pub struct TensorScale {
+        /// Read multiplier: `value = decode(q) * scale`.
+        pub scale: f32,
+        /// Write multiplier: `q = encode(x * inv_scale)`, computed once on the host.
+        pub inv_scale: f32,
+        /// Padding.
+        pub _pad0: u32,
+        /// Padding.
+        pub _pad1: u32,
+    }
+}
+
 /// Shape and storage format of one tensor's pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PoolLayout {
     /// KV heads.
     pub num_kv_heads: usize,
@@ -19,6 +37,9 @@ pub struct PoolLayout {
     pub dtype: KvDtype,
     /// Token slots per block: a power of two from 1 to 256.
     pub block_size: usize,
+    /// Scales of a quantized format: [`ScaleMode::PerTensor`] (FP8 only) or
+    /// [`ScaleMode::PerRow`] (also the mode of formats without scales).
+    pub scale: ScaleMode,
 }
 
 impl PoolLayout {
@@ -35,23 +56,46 @@ impl PoolLayout {
                 self.block_size
             )));
         }
-        if self.dtype.is_quantized() {
-            return Err(Error::InvalidArgument(format!(
-                "{} pools need scale pools, which come with quantized attention; use f32, f16 or bf16",
-                self.dtype
-            )));
-        }
+        self.dtype.check_scale_mode(self.scale)?;
         self.dtype.check_head_dim(self.head_dim)
     }
 
-    /// u32 words of one token row.
+    /// u32 value words of one token row.
     pub fn words_per_row(&self) -> usize {
         self.dtype.words_per_row(self.head_dim)
     }
 
-    /// u32 words of one block.
+    /// u32 scale words of one token row (0 for unscaled formats and per-tensor FP8).
+    pub fn scale_words_per_row(&self) -> usize {
+        self.dtype.scale_words_per_row(self.head_dim, self.scale)
+    }
+
+    /// Token rows of one block (KV heads x slots): the WGSL `KV_BLOCK_ROWS`.
+    pub fn block_rows(&self) -> usize {
+        self.num_kv_heads * self.block_size
+    }
+
+    /// u32 words of one block: values, then scales.
     pub fn block_words(&self) -> usize {
-        self.num_kv_heads * self.block_size * self.words_per_row()
+        self.block_rows() * (self.words_per_row() + self.scale_words_per_row())
+    }
+
+    /// Whether K/V of this layout carry a per-tensor scale.
+    pub fn per_tensor_scale(&self) -> bool {
+        matches!(self.scale, ScaleMode::PerTensor(_))
+    }
+
+    /// The uniform of this layout's per-tensor scale (1 and 1 without one).
+    pub fn tensor_scale(&self) -> Result<TensorScale> {
+        let s = match self.scale {
+            ScaleMode::PerTensor(s) => Fp8Scale::per_tensor(s)?,
+            ScaleMode::PerRow => Fp8Scale::ONE,
+        };
+        Ok(TensorScale {
+            scale: s.scale,
+            inv_scale: s.inv_scale,
+            ..Default::default()
+        })
     }
 
     /// Bytes of one block.
@@ -59,9 +103,15 @@ impl PoolLayout {
         self.block_words() as u64 * 4
     }
 
-    /// Word index, inside its block, of the row of `head` at slot `offset`.
+    /// Word index, inside its block, of the values of `head` at slot `offset`.
     pub fn row_in_block(&self, head: usize, offset: usize) -> usize {
         (head * self.block_size + offset) * self.words_per_row()
+    }
+
+    /// Word index, inside its block, of the scale words of `head` at slot `offset`.
+    pub fn scales_in_block(&self, head: usize, offset: usize) -> usize {
+        self.block_rows() * self.words_per_row()
+            + (head * self.block_size + offset) * self.scale_words_per_row()
     }
 }
 
@@ -72,6 +122,7 @@ pub struct BlockPool {
     num_blocks: usize,
     blocks_per_buffer: usize,
     buffers: Vec<wgpu::Buffer>,
+    scale_uniform: wgpu::Buffer,
 }
 
 impl BlockPool {
@@ -123,6 +174,7 @@ impl BlockPool {
                 "a pool needs 1 to 2^31 - 1 blocks, not {num_blocks}"
             )));
         }
+        let scale_uniform = ctx.uniform("tensor scale", &layout.tensor_scale()?);
         let mut buffers = Vec::new();
         let mut left = num_blocks;
         while left > 0 {
@@ -143,7 +195,13 @@ impl BlockPool {
             num_blocks,
             blocks_per_buffer,
             buffers,
+            scale_uniform,
         })
+    }
+
+    /// The uniform holding this pool's per-tensor scale and its reciprocal ([`TensorScale`]).
+    pub fn scale_uniform(&self) -> &wgpu::Buffer {
+        &self.scale_uniform
     }
 
     /// The layout.

@@ -3,8 +3,10 @@
 //! Tensors, in token order (so a snapshot does not depend on which physical blocks held it, nor
 //! on the block size): `tokens` U32 `[len]`, and per layer `l`: `k.{l}` U32 `[len, Hkv, k words
 //! per row]`, `v.{l}` U32 `[len, Hkv, v words per row]` (the stored words, bit for bit, packed as
-//! DESIGN.md section 5 says). The metadata header records everything needed to refuse a
-//! mismatch: [`FORMAT_VERSION`], `k_dtype`, `v_dtype`, `k_scales`/`v_scales`, `block_size`,
+//! DESIGN.md section 5 says), and for formats with per-row scales `k_scales.{l}` / `v_scales.{l}`
+//! U32 `[len, Hkv, scale words per row]`. The metadata header records everything needed to refuse
+//! a mismatch: [`FORMAT_VERSION`], `k_dtype`, `v_dtype`, `k_scales`/`v_scales` ("per-row", or
+//! "per-tensor:" and each layer's scale bits: codes mean nothing under another scale), `block_size`,
 //! `layers`, `kv_heads`, `head_dim_k`, `head_dim_v`, `model_id`, `kernel_revision`, `tokens`.
 //!
 //! Import checks every field against the cache (the block size alone may differ: rows are
@@ -26,7 +28,7 @@ pub const FORMAT_VERSION: &str = "1";
 
 /// Revision of the pool byte layout (row packing, block layout). Bumped whenever stored bytes
 /// would mean something else; snapshots of another revision are refused.
-pub const KERNEL_REVISION: &str = "kvattn-kv-1";
+pub const KERNEL_REVISION: &str = "kvattn-kv-2";
 
 fn header(cache: &PagedKvCache, tokens: usize) -> HashMap<String, String> {
     let c = cache.config();
@@ -34,8 +36,8 @@ fn header(cache: &PagedKvCache, tokens: usize) -> HashMap<String, String> {
         ("format_version", FORMAT_VERSION.to_string()),
         ("k_dtype", c.k_dtype.name().to_string()),
         ("v_dtype", c.v_dtype.name().to_string()),
-        ("k_scales", "none".to_string()),
-        ("v_scales", "none".to_string()),
+        ("k_scales", c.k_scales.describe()),
+        ("v_scales", c.v_scales.describe()),
         ("block_size", c.block_size.to_string()),
         ("layers", c.layers.to_string()),
         ("kv_heads", c.num_kv_heads.to_string()),
@@ -74,19 +76,21 @@ impl PagedKvCache {
         let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> =
             vec![("tokens".into(), vec![len], bytes_of(&tokens))];
         for layer in 0..c.layers {
-            let (k, v) = self.read_words(ctx, seq, layer)?;
-            let kw = c.k_layout().words_per_row();
-            let vw = c.v_layout().words_per_row();
-            owned.push((
-                format!("k.{layer}"),
-                vec![len, c.num_kv_heads, kw],
-                bytes_of(&k),
-            ));
-            owned.push((
-                format!("v.{layer}"),
-                vec![len, c.num_kv_heads, vw],
-                bytes_of(&v),
-            ));
+            let (k, v) = self.read_rows(ctx, seq, layer)?;
+            for (name, rows, layout) in [("k", k, c.k_layout()), ("v", v, c.v_layout())] {
+                owned.push((
+                    format!("{name}.{layer}"),
+                    vec![len, c.num_kv_heads, layout.words_per_row()],
+                    bytes_of(&rows.words),
+                ));
+                if layout.scale_words_per_row() > 0 {
+                    owned.push((
+                        format!("{name}_scales.{layer}"),
+                        vec![len, c.num_kv_heads, layout.scale_words_per_row()],
+                        bytes_of(&rows.scales),
+                    ));
+                }
+            }
         }
         let views = owned
             .iter()
@@ -143,17 +147,28 @@ impl PagedKvCache {
             Ok(words_of(t.data()))
         };
         let tokens = tensor("tokens", vec![len])?;
+        let rows_of = |name: &str, l: usize, layout: crate::cache::pool::PoolLayout| {
+            let words = tensor(
+                &format!("{name}.{l}"),
+                vec![len, c.num_kv_heads, layout.words_per_row()],
+            )?;
+            let spr = layout.scale_words_per_row();
+            let scales = if spr > 0 {
+                tensor(
+                    &format!("{name}_scales.{l}"),
+                    vec![len, c.num_kv_heads, spr],
+                )?
+            } else {
+                Vec::new()
+            };
+            Ok((words, scales))
+        };
         let rows = (0..c.layers)
             .map(|l| {
-                let k = tensor(
-                    &format!("k.{l}"),
-                    vec![len, c.num_kv_heads, c.k_layout().words_per_row()],
-                )?;
-                let v = tensor(
-                    &format!("v.{l}"),
-                    vec![len, c.num_kv_heads, c.v_layout().words_per_row()],
-                )?;
-                Ok((k, v))
+                Ok((
+                    rows_of("k", l, c.k_layout())?,
+                    rows_of("v", l, c.v_layout())?,
+                ))
             })
             .collect::<Result<Vec<_>>>()?;
         self.insert_rows(ctx, seq, &tokens, &rows)

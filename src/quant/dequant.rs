@@ -74,7 +74,7 @@ pub fn dequantize(ctx: &Context, rows: &EncodedRows) -> Result<Vec<f32>> {
     );
     let pipeline = ctx.pipeline(&key)?;
     let uniform = ctx.uniform("dequant params", &params);
-    let pool = ctx.upload("dequant pool", &rows.words)?;
+    let pool = ctx.upload("dequant pool", &rows.interleaved_words())?;
     let scales = ctx.upload("dequant scales", &rows.scale_pool_words())?;
     let out = ctx.filled("dequant out", len, f32::NAN)?;
     ctx.dispatch(&pipeline, &[&uniform, &pool, &scales, &out], [gx, gy, 1])?;

@@ -10,6 +10,7 @@
 //! [`encode_rows`] and [`decode_rows`] for whole rows.
 
 pub mod bf16;
+pub mod calibrate;
 pub mod dequant;
 pub mod f16;
 pub mod fp8;
@@ -20,6 +21,7 @@ pub mod pack;
 mod round;
 mod rows;
 
+pub use calibrate::per_tensor_scale;
 pub use fp8::Fp8Format;
 pub use fp8_scale::Fp8Scale;
 pub use int4::{Int4Params, INT4_GROUP};

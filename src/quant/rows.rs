@@ -17,7 +17,8 @@ use crate::{Error, Result};
 ///
 /// Scale words: f32 bits for FP8 (per row) and Int8; one word per group of 32 for Int4 (f16 scale
 /// low, f16 min high). For per-tensor FP8 `scales` is empty and the scale is in `scale_mode`
-/// (on the GPU it is word 0 of the scale pool: see [`EncodedRows::scale_pool_words`]).
+/// (the GPU kernels read it from a uniform: see [`EncodedRows::scale_pool_words`]). In a GPU
+/// pool the scale words of a block follow its value words (see `shaders/lib/kv_load.wgsl`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EncodedRows {
     /// The storage format.
@@ -38,13 +39,31 @@ impl EncodedRows {
         self.words.len() / self.dtype.words_per_row(self.head_dim).max(1)
     }
 
-    /// The scale pool as the GPU decoder reads it: the per-row scale words, or for per-tensor FP8
-    /// a single word holding the tensor scale's f32 bits.
+    /// The scale words as the dequantize kernel's second binding takes them: the per-row scale
+    /// words, or for per-tensor FP8 a single word holding the tensor scale's f32 bits.
     pub fn scale_pool_words(&self) -> Vec<u32> {
         match self.scale_mode {
             ScaleMode::PerTensor(s) => vec![s.to_bits()],
             ScaleMode::PerRow => self.scales.clone(),
         }
+    }
+
+    /// The rows as a pool of one-row blocks holds them (`kv_load.wgsl` with `KV_BLOCK_ROWS = 1`):
+    /// each row's value words followed by its scale words.
+    pub fn interleaved_words(&self) -> Vec<u32> {
+        let wpr = self.dtype.words_per_row(self.head_dim);
+        let spr = self
+            .dtype
+            .scale_words_per_row(self.head_dim, self.scale_mode);
+        if spr == 0 {
+            return self.words.clone();
+        }
+        let mut out = Vec::with_capacity(self.words.len() + self.scales.len());
+        for (w, s) in self.words.chunks(wpr).zip(self.scales.chunks(spr)) {
+            out.extend_from_slice(w);
+            out.extend_from_slice(s);
+        }
+        out
     }
 
     /// Checks head dim, scale mode and that `words` and `scales` hold a whole number of rows.

@@ -144,6 +144,8 @@ fn buffers_round_trip_and_respect_the_binding_cap() {
         head_dim: 64,
         dtype: KvDtype::F32,
         block_size: 1,
+
+        scale: kvattn::quant::ScaleMode::PerRow,
     };
     let pool = BlockPool::new(&capped, layout, 10, "capped").unwrap();
     assert_eq!(pool.blocks_per_buffer(), 4);

@@ -357,6 +357,8 @@ fn pool_larger_than_one_binding_splits_and_every_buffer_is_reachable() {
         head_dim: 128,
         dtype: KvDtype::F32,
         block_size: 16,
+
+        scale: kvattn::quant::ScaleMode::PerRow,
     };
     let pool = BlockPool::new(ctx, layout, 5000, "big pool").unwrap();
     let binding = ctx.caps().max_storage_buffer_binding_size;

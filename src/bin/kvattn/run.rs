@@ -192,6 +192,8 @@ pub fn run_paged(
         head_dim_v: shape.head_dim_v,
         k_dtype: setup.k_dtype,
         v_dtype: setup.v_dtype,
+        k_scales: kvattn::cache::scales::CacheScales::PerRow,
+        v_scales: kvattn::cache::scales::CacheScales::PerRow,
         block_size: setup.block_size,
         prefix_caching: false,
         model_id: String::new(),

@@ -1,0 +1,62 @@
+//! [`CacheScales`]: how a paged cache's quantized K or V is scaled, per layer.
+
+use crate::quant::{Fp8Scale, KvDtype, ScaleMode};
+use crate::{Error, Result};
+
+/// Scales of one tensor kind (K or V) of a cache.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum CacheScales {
+    /// Computed per token row as rows are written (FP8: a power of two; int8: `amax / 127`;
+    /// int4: a scale and min per group of 32). Also the mode of f32/f16/bf16, which have none.
+    #[default]
+    PerRow,
+    /// Static per-tensor FP8 scales (vLLM's `k_scale` / `v_scale`), from calibration (see
+    /// [`per_tensor_scale`](crate::quant::per_tensor_scale)): one for every layer, or one per
+    /// layer.
+    PerTensor(Vec<f32>),
+}
+
+impl CacheScales {
+    /// The scale mode of `layer`.
+    pub fn mode(&self, layer: usize) -> ScaleMode {
+        match self {
+            CacheScales::PerRow => ScaleMode::PerRow,
+            CacheScales::PerTensor(s) if s.len() == 1 => ScaleMode::PerTensor(s[0]),
+            CacheScales::PerTensor(s) => ScaleMode::PerTensor(s.get(layer).copied().unwrap_or(1.0)),
+        }
+    }
+
+    /// Checks the scales against `dtype` and the layer count: per-tensor scales only for FP8,
+    /// one or `layers` of them, each a positive normal f32 with a normal reciprocal.
+    pub fn validate(&self, what: &str, dtype: KvDtype, layers: usize) -> Result<()> {
+        let CacheScales::PerTensor(s) = self else {
+            return Ok(());
+        };
+        if dtype.fp8_format().is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: per-tensor scales apply to FP8 only, the dtype is {dtype}"
+            )));
+        }
+        if s.len() != 1 && s.len() != layers {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: {} per-tensor scales for {layers} layers (give 1 or {layers})",
+                s.len()
+            )));
+        }
+        for &x in s {
+            Fp8Scale::per_tensor(x)?;
+        }
+        Ok(())
+    }
+
+    /// The snapshot header value: "per-row", or "per-tensor:" and the scales' f32 bits in hex.
+    pub fn describe(&self) -> String {
+        match self {
+            CacheScales::PerRow => "per-row".into(),
+            CacheScales::PerTensor(s) => {
+                let bits: Vec<String> = s.iter().map(|x| format!("{:08x}", x.to_bits())).collect();
+                format!("per-tensor:{}", bits.join(","))
+            }
+        }
+    }
+}
