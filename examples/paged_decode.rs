@@ -1,12 +1,17 @@
-//! Paged decode throughput beside the adapter's copy bandwidth, measured in the same run.
+//! Paged decode throughput per KV format beside the adapter's copy bandwidth and f32 FMA rate,
+//! measured in the same run.
 //!
-//! `cargo run --release --example paged_decode [-- --seqs 4 --contexts 4096,16384]`
+//! `cargo run --release --example paged_decode [-- --seqs 4 --contexts 4096,16384
+//!  --kv-dtypes f16,fp8-e4m3,int8,int4 --precisions f32,f16 --copy-mib 256]`
 //!
-//! GQA 32/8, head dim 128, f16 KV, block size 16. The decode kernel reads every K and V row
-//! of the batch once per group tile (the whole group of 4 query heads fits one tile), so its
-//! effective bandwidth is KV bytes / time. The copy ceiling is the best of a buffer-to-buffer
-//! copy and the `copy_blocks` kernel over 256 MiB. Times are wall clock around a queue wait, the
-//! best of several runs.
+//! GQA 32/8, head dim 128, block size 16, scales per token row. The decode kernel reads every K
+//! and V row of the batch once per group tile (the whole group of 4 query heads fits one tile),
+//! so its effective bandwidth is KV bytes (scales included) / time. The copy ceiling is the best
+//! of a buffer-to-buffer copy and the `copy_blocks` kernel over 256 MiB; the arithmetic ceiling
+//! is a kernel of independent f32 FMAs. The roofline time of a case is
+//! `max(bytes / copy bandwidth, flops / FMA rate)` with the standard attention count of
+//! `4 * query heads * head dim * context` FLOPs per query token. Times are wall clock around a
+//! queue wait, the best of several runs; each format's time is also given as a ratio to f16's.
 
 use std::time::Instant;
 
@@ -60,6 +65,69 @@ fn copy_bandwidth(ctx: &Context, bytes: u64) -> (f64, f64) {
     (moved(dma, bytes), moved(kernel, bytes / 2))
 }
 
+/// Independent f32 FMA chains: FLOP/s (an FMA counts 2) of the best of a few runs.
+fn fma_rate(ctx: &Context) -> f64 {
+    const SRC: &str = r#"
+@group(0) @binding(0) var<storage, read_write> out: array<vec4<f32>>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    var a = vec4<f32>(f32(gid.x) * 1e-9, 0.5, 0.25, 0.125);
+    var b = a + 0.1;
+    var c = a + 0.2;
+    var d = a + 0.3;
+    let m = vec4<f32>(0.999);
+    let k = vec4<f32>(1e-3);
+    for (var i = 0u; i < 256u; i++) {
+        a = fma(a, m, k);
+        b = fma(b, m, k);
+        c = fma(c, m, k);
+        d = fma(d, m, k);
+    }
+    out[gid.x] = a + b + c + d;
+}
+"#;
+    let module = ctx
+        .device
+        .create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("fma rate"),
+            source: wgpu::ShaderSource::Wgsl(SRC.into()),
+        });
+    let pipeline = ctx
+        .device
+        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("fma rate"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+    let groups = 4096u32;
+    let out = ctx
+        .filled("fma out", groups as usize * 64 * 4, 0.0f32)
+        .unwrap();
+    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: out.as_entire_binding(),
+        }],
+    });
+    let secs = best_of(3, ctx, || {
+        let mut e = ctx.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = e.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups(groups, 1, 1);
+        }
+        ctx.queue.submit([e.finish()]);
+    });
+    // 4 chains x 4 lanes x 256 iterations x 2 FLOPs per invocation.
+    (groups as f64 * 64.0 * 4.0 * 4.0 * 256.0 * 2.0) / secs
+}
+
 fn main() -> kvattn::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let value = |flag: &str, default: &str| -> String {
@@ -82,8 +150,9 @@ fn main() -> kvattn::Result<()> {
         ctx.adapter().backend,
         ctx.adapter().device_type
     );
+    let copy_mib: u64 = value("--copy-mib", "256").parse().expect("--copy-mib N");
     let copy_bytes =
-        (256u64 << 20).min(ctx.caps().max_storage_buffer_binding_size / (1 << 20) * (1 << 20));
+        (copy_mib << 20).min(ctx.caps().max_storage_buffer_binding_size / (1 << 20) * (1 << 20));
     let (dma, kernel) = copy_bandwidth(&ctx, copy_bytes);
     let ceiling = dma.max(kernel);
     println!(
@@ -93,73 +162,121 @@ fn main() -> kvattn::Result<()> {
         kernel / 1e9
     );
 
+    let flops_peak = fma_rate(&ctx);
+    println!("f32 FMA rate: {:.2} GFLOP/s", flops_peak / 1e9);
+    let dtypes: Vec<KvDtype> = value("--kv-dtypes", "f16,fp8-e4m3,int8,int4")
+        .split(',')
+        .map(|d| d.parse())
+        .collect::<kvattn::Result<_>>()?;
+    let mut precisions = Vec::new();
+    for p in value("--precisions", "f32,f16").split(',') {
+        let p = match p {
+            "f32" => Precision::F32,
+            "f16" => Precision::F16,
+            other => panic!("--precisions: unknown {other}"),
+        };
+        if p == Precision::F32 || ctx.caps().shader_f16 {
+            precisions.push(p);
+        }
+    }
+
     let shape = AttentionShape {
         num_q_heads: 32,
         num_kv_heads: 8,
         head_dim_qk: 128,
         head_dim_v: 128,
     };
-    println!("decode GQA 32/8 hd128 f16 KV, block 16, {seqs} sequences:");
+    println!("decode GQA 32/8 hd128, block 16, {seqs} sequences:");
     println!(
-        "{:>8} {:>9} {:>12} {:>10} {:>10} {:>9}",
-        "context", "precision", "KV MiB", "time ms", "GB/s", "of copy"
+        "{:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}",
+        "context",
+        "kv",
+        "math",
+        "KV MiB",
+        "time ms",
+        "GB/s",
+        "of copy",
+        "GFLOP/s",
+        "roofline",
+        "vs f16"
     );
     for &len in &contexts {
-        let config = PagedKvConfig {
-            prefix_caching: false,
-            ..PagedKvConfig::new(1, 8, 128, KvDtype::F16)
-        };
-        let blocks = seqs * len.div_ceil(16);
-        let mut cache = PagedKvCache::new(&ctx, config, PoolSize::Blocks(blocks))?;
-        // Fill every sequence with one GPU-side append per chunk (values do not matter here).
-        let chunk = 2048.min(len);
-        let src = ctx.filled("src", chunk * 8 * 128, 0.01f32)?;
-        for s in 0..seqs as u64 {
-            cache.add_sequence(s, &[])?;
-            let mut done = 0;
-            while done < len {
-                let n = chunk.min(len - done);
-                let mut batch = AppendBatch::new();
-                cache.append_tokens(&ctx, &mut batch, s, &vec![0; n])?;
-                let pools = cache.layer(0)?;
-                append_kv(&ctx, &pools.k, &src, SourceDtype::F32, batch.slots())?;
-                append_kv(&ctx, &pools.v, &src, SourceDtype::F32, batch.slots())?;
-                done += n;
-            }
-        }
-        let queries: Vec<PagedQuery> = (0..seqs as u64)
-            .map(|seq| PagedQuery { seq, len_q: 1 })
-            .collect();
-        let opts = AttentionOptions::default();
-        let kv_bytes = (2 * seqs * len * 8 * 128 * 2) as f64;
-        let mut precisions = vec![Precision::F32];
-        if ctx.caps().shader_f16 {
-            precisions.push(Precision::F16);
-        }
-        for precision in precisions {
-            let args = PagedAttentionArgs {
-                layer: 0,
-                batch: &queries,
-                shape,
-                options: &opts,
-                precision,
+        // f16 time per precision, for the ratios.
+        let mut f16_secs: Vec<Option<f64>> = vec![None; precisions.len()];
+        for &dtype in &dtypes {
+            let config = PagedKvConfig {
+                prefix_caching: false,
+                ..PagedKvConfig::new(1, 8, 128, dtype)
             };
-            let plan = PagedAttentionPlan::new(&ctx, &cache, &args)?;
-            let q = ctx.filled("q", seqs * 32 * 128, 0.02f32)?;
-            let out = ctx.filled("out", seqs * 32 * 128, 0.0f32)?;
-            let lse = ctx.filled("lse", seqs * 32, 0.0f32)?;
-            let secs = best_of(5, &ctx, || {
-                plan.run(&ctx, &cache, 0, &q, &out, &lse).unwrap()
-            });
-            let bw = kv_bytes / secs;
-            println!(
-                "{len:>8} {:>9} {:>12.1} {:>10.2} {:>10.2} {:>8.1}%",
-                precision.name(),
-                kv_bytes / f64::from(1 << 20),
-                secs * 1e3,
-                bw / 1e9,
-                100.0 * bw / ceiling
-            );
+            let blocks = seqs * len.div_ceil(16);
+            let mut cache = PagedKvCache::new(&ctx, config, PoolSize::Blocks(blocks))?;
+            // Fill every sequence with one GPU-side append per chunk.
+            let chunk = 2048.min(len);
+            let values: Vec<f32> = (0..chunk * 8 * 128)
+                .map(|i| ((i * 2654435761usize) % 1000) as f32 * 1e-3 - 0.5)
+                .collect();
+            let src = ctx.upload("src", &values)?;
+            for s in 0..seqs as u64 {
+                cache.add_sequence(s, &[])?;
+                let mut done = 0;
+                while done < len {
+                    let n = chunk.min(len - done);
+                    let mut batch = AppendBatch::new();
+                    cache.append_tokens(&ctx, &mut batch, s, &vec![0; n])?;
+                    let pools = cache.layer(0)?;
+                    append_kv(&ctx, &pools.k, &src, SourceDtype::F32, batch.slots())?;
+                    append_kv(&ctx, &pools.v, &src, SourceDtype::F32, batch.slots())?;
+                    done += n;
+                }
+            }
+            let queries: Vec<PagedQuery> = (0..seqs as u64)
+                .map(|seq| PagedQuery { seq, len_q: 1 })
+                .collect();
+            let opts = AttentionOptions::default();
+            // Bytes the kernel must read: every K and V row of the batch with its scales.
+            let row_bytes = |l: kvattn::cache::pool::PoolLayout| {
+                4 * (l.words_per_row() + l.scale_words_per_row())
+            };
+            let c = cache.config();
+            let kv_bytes =
+                (seqs * len * 8 * (row_bytes(c.k_layout()) + row_bytes(c.v_layout()))) as f64;
+            let flops = (4 * 32 * 128 * len * seqs) as f64;
+            let roofline = (kv_bytes / ceiling).max(flops / flops_peak);
+            for (pi, &precision) in precisions.iter().enumerate() {
+                let args = PagedAttentionArgs {
+                    layer: 0,
+                    batch: &queries,
+                    shape,
+                    options: &opts,
+                    precision,
+                };
+                let plan = PagedAttentionPlan::new(&ctx, &cache, &args)?;
+                let q = ctx.filled("q", seqs * 32 * 128, 0.02f32)?;
+                let out = ctx.filled("out", seqs * 32 * 128, 0.0f32)?;
+                let lse = ctx.filled("lse", seqs * 32, 0.0f32)?;
+                let secs = best_of(5, &ctx, || {
+                    plan.run(&ctx, &cache, 0, &q, &out, &lse).unwrap()
+                });
+                if dtype == KvDtype::F16 {
+                    f16_secs[pi] = Some(secs);
+                }
+                let bw = kv_bytes / secs;
+                let ratio = f16_secs[pi]
+                    .map(|f| format!("{:.2}x", f / secs))
+                    .unwrap_or_else(|| "-".into());
+                println!(
+                    "{len:>8} {:>9} {:>9} {:>9.1} {:>9.2} {:>8.2} {:>7.1}% {:>8.2} {:>8.1}% {:>8}",
+                    dtype.name(),
+                    precision.name(),
+                    kv_bytes / f64::from(1 << 20),
+                    secs * 1e3,
+                    bw / 1e9,
+                    100.0 * bw / ceiling,
+                    flops / secs / 1e9,
+                    100.0 * roofline / secs,
+                    ratio
+                );
+            }
         }
     }
     Ok(())

@@ -60,3 +60,65 @@ impl CacheScales {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::capacity::{bytes_per_token, CacheShape, ScaleGranularity};
+    use crate::cache::paged::PagedKvConfig;
+
+    #[test]
+    fn capacity_model_counts_the_pools_scale_words() {
+        // The capacity model's bytes per token equal what the pools allocate per token slot,
+        // scales included, for every format and scale mode.
+        for dtype in KvDtype::ALL {
+            for per_tensor in [false, true] {
+                if per_tensor && dtype.fp8_format().is_none() {
+                    continue;
+                }
+                let mut c = PagedKvConfig::new(3, 4, 128, dtype);
+                if per_tensor {
+                    c.k_scales = CacheScales::PerTensor(vec![0.5]);
+                    c.v_scales = CacheScales::PerTensor(vec![0.25, 0.5, 1.0]);
+                }
+                c.validate().unwrap();
+                let granularity = if per_tensor || dtype.fp8_format().is_none() {
+                    ScaleGranularity::PerTensor
+                } else {
+                    ScaleGranularity::PerToken
+                };
+                let shape = CacheShape::Mha {
+                    layers: 3,
+                    kv_heads: 4,
+                    head_dim: 128,
+                };
+                let model = bytes_per_token(shape, dtype, granularity).unwrap();
+                assert_eq!(
+                    model * c.block_size as u64,
+                    c.bytes_per_block(),
+                    "{dtype} per-tensor {per_tensor}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn scales_are_validated() {
+        let ok = CacheScales::PerTensor(vec![0.5]);
+        assert!(ok.validate("K", KvDtype::Fp8E4M3, 4).is_ok());
+        assert!(ok.validate("K", KvDtype::Int8, 4).is_err());
+        let per_layer = CacheScales::PerTensor(vec![0.5, 1.0]);
+        assert!(per_layer.validate("K", KvDtype::Fp8E5M2, 3).is_err());
+        assert!(per_layer.validate("K", KvDtype::Fp8E5M2, 2).is_ok());
+        assert_eq!(per_layer.mode(1), ScaleMode::PerTensor(1.0));
+        assert!(CacheScales::PerTensor(vec![0.0])
+            .validate("V", KvDtype::Fp8E4M3, 1)
+            .is_err());
+        assert_eq!(CacheScales::PerRow.mode(7), ScaleMode::PerRow);
+        assert_eq!(CacheScales::PerRow.describe(), "per-row");
+        assert_eq!(
+            CacheScales::PerTensor(vec![1.0]).describe(),
+            "per-tensor:3f800000"
+        );
+    }
+}

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use kvattn::cache::append_kv::{append_kv, SourceDtype};
 use kvattn::cache::paged::{AppendBatch, PagedKvCache, PagedKvConfig, PoolSize};
 use kvattn::cache::pool::{BlockPool, PoolLayout};
-use kvattn::quant::{encode_rows, KvDtype, ScaleMode};
+use kvattn::cache::scales::CacheScales;
+use kvattn::quant::{encode_rows, KvDtype};
 use kvattn::Error;
 
 use crate::common::{gpu, gpu_capped, Rng};
@@ -28,11 +29,15 @@ fn config(dtype: KvDtype, block_size: usize) -> PagedKvConfig {
     }
 }
 
-/// The words the cache must hold for `rows` stored in `dtype` (the CPU codec is the definition).
-fn encoded(dtype: KvDtype, head_dim: usize, rows: &[f32]) -> Vec<u32> {
-    encode_rows(dtype, head_dim, rows, ScaleMode::PerRow)
-        .unwrap()
-        .words
+/// `config` with K and V in quantized formats: K FP8 E4M3 with a per-tensor scale per layer,
+/// V `v` with per-row scales.
+fn quantized_config(v: KvDtype, block_size: usize) -> PagedKvConfig {
+    PagedKvConfig {
+        k_dtype: KvDtype::Fp8E4M3,
+        k_scales: CacheScales::PerTensor(vec![0.0125, 0.75]),
+        v_dtype: v,
+        ..config(KvDtype::F16, block_size)
+    }
 }
 
 /// Every test's pools span three or more bindings, so the split path always runs.
@@ -59,17 +64,13 @@ fn check_all(cache: &PagedKvCache, models: &BTreeMap<u64, Model>) {
             "seq {seq} tokens"
         );
         for layer in 0..c.layers {
-            let (k, v) = cache.read_words(ctx, seq, layer).unwrap();
-            assert_eq!(
-                k,
-                encoded(c.k_dtype, c.head_dim_k, &m.k[layer]),
-                "seq {seq} layer {layer} K"
-            );
-            assert_eq!(
-                v,
-                encoded(c.v_dtype, c.head_dim_v, &m.v[layer]),
-                "seq {seq} layer {layer} V"
-            );
+            // Values and scale words, with each layer's own scale mode.
+            let (k, v) = cache.read_rows(ctx, seq, layer).unwrap();
+            let want = |dtype, d, mode, x: &[f32]| encode_rows(dtype, d, x, mode).unwrap();
+            let kw = want(c.k_dtype, c.head_dim_k, c.k_scales.mode(layer), &m.k[layer]);
+            let vw = want(c.v_dtype, c.head_dim_v, c.v_scales.mode(layer), &m.v[layer]);
+            assert_eq!(k, kw, "seq {seq} layer {layer} K");
+            assert_eq!(v, vw, "seq {seq} layer {layer} V");
         }
     }
     cache.allocator().check_invariants().unwrap();
@@ -102,15 +103,18 @@ fn append(
 
 #[test]
 fn random_appends_and_forks_read_back_through_block_tables() {
-    for (dtype, block_size) in [
-        (KvDtype::F32, 16),
-        (KvDtype::F16, 4),
-        (KvDtype::Bf16, 1),
-        (KvDtype::F16, 256),
+    for (cfg, block_size) in [
+        (config(KvDtype::F32, 16), 16),
+        (config(KvDtype::F16, 4), 4),
+        (config(KvDtype::Bf16, 1), 1),
+        (config(KvDtype::F16, 256), 256),
+        (quantized_config(KvDtype::Int4, 8), 8),
+        (quantized_config(KvDtype::Int8, 1), 1),
+        (quantized_config(KvDtype::Fp8E5M2, 16), 16),
     ] {
         let cfg = PagedKvConfig {
             prefix_caching: false,
-            ..config(dtype, block_size)
+            ..cfg
         };
         let blocks = 4096 / block_size + 8;
         let mut cache = new_cache(cfg, blocks);
@@ -258,8 +262,14 @@ fn failed_append_changes_nothing() {
 
 #[test]
 fn swap_out_and_in_is_bit_identical() {
+    for cfg in [config(KvDtype::Bf16, 4), quantized_config(KvDtype::Int4, 4)] {
+        swap_round_trip(cfg);
+    }
+}
+
+fn swap_round_trip(cfg: PagedKvConfig) {
     let ctx = gpu_capped();
-    let mut cache = new_cache(config(KvDtype::Bf16, 4), 300);
+    let mut cache = new_cache(cfg, 300);
     let mut rng = Rng::new(21);
     let mut models = BTreeMap::new();
     for seq in [1u64, 2] {
@@ -268,7 +278,7 @@ fn swap_out_and_in_is_bit_identical() {
         append(&mut cache, &mut rng, &mut models, seq, 23).unwrap();
     }
     let before: Vec<_> = (0..2)
-        .map(|l| cache.read_words(ctx, 1, l).unwrap())
+        .map(|l| cache.read_rows(ctx, 1, l).unwrap())
         .collect();
     let old_table = cache.block_table(1).unwrap().to_vec();
     let swapped = cache.swap_out(ctx, 1).unwrap();
@@ -283,12 +293,45 @@ fn swap_out_and_in_is_bit_identical() {
     cache.swap_in(ctx, 1, &swapped).unwrap();
     assert_ne!(cache.block_table(1).unwrap(), &old_table[..]);
     let after: Vec<_> = (0..2)
-        .map(|l| cache.read_words(ctx, 1, l).unwrap())
+        .map(|l| cache.read_rows(ctx, 1, l).unwrap())
         .collect();
     assert_eq!(before, after);
     assert_eq!(cache.telemetry().swaps_out, 1);
     assert_eq!(cache.telemetry().swaps_in, 1);
     check_all(&cache, &models);
+}
+
+#[test]
+fn quantized_snapshots_carry_scales_and_refuse_other_scales() {
+    let ctx = gpu_capped();
+    let cfg = quantized_config(KvDtype::Int8, 16);
+    let mut cache = new_cache(cfg.clone(), 96);
+    let mut rng = Rng::new(81);
+    let mut models = BTreeMap::new();
+    cache.add_sequence(1, &[]).unwrap();
+    models.insert(1, empty_model());
+    append(&mut cache, &mut rng, &mut models, 1, 29).unwrap();
+    let bytes = cache.export_snapshot(ctx, 1).unwrap();
+    // Another block size: values and per-row scales are re-laid bit for bit.
+    let mut other = new_cache(quantized_config(KvDtype::Int8, 4), 400);
+    other.import_snapshot(ctx, 4, &bytes).unwrap();
+    let mut expect = BTreeMap::new();
+    expect.insert(4u64, models[&1].clone());
+    check_all(&other, &expect);
+    // Codes mean nothing under another per-tensor scale, or per-row scales.
+    for k_scales in [
+        CacheScales::PerTensor(vec![0.0125, 0.5]),
+        CacheScales::PerRow,
+    ] {
+        let cfg = PagedKvConfig {
+            k_scales,
+            ..cfg.clone()
+        };
+        let mut target = PagedKvCache::new(ctx, cfg, PoolSize::Blocks(96)).unwrap();
+        let err = target.import_snapshot(ctx, 5, &bytes).unwrap_err();
+        assert!(matches!(err, Error::Snapshot(_)), "{err}");
+        assert!(target.block_table(5).is_err());
+    }
 }
 
 #[test]

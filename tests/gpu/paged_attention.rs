@@ -9,8 +9,9 @@ use kvattn::attention::paged::{
 };
 use kvattn::attention::{AttentionOptions, AttentionShape, RaggedBatch};
 use kvattn::cache::paged::{PagedKvCache, PagedKvConfig, PoolSize};
+use kvattn::cache::scales::CacheScales;
 use kvattn::gpu::{Context, ContextOptions};
-use kvattn::quant::KvDtype;
+use kvattn::quant::{decode_rows, encode_rows, per_tensor_scale, KvDtype, ScaleMode};
 use kvattn::reference;
 use kvattn::shader::Precision;
 
@@ -45,23 +46,28 @@ impl HostBatch {
         }
     }
 
-    /// The values the cache stores (rounded to its format).
-    fn stored(&self, dtype: KvDtype) -> (Vec<f32>, Vec<f32>) {
-        let round = |x: &[Vec<f32>]| -> Vec<f32> {
-            x.concat()
-                .iter()
-                .map(|&v| match dtype {
-                    KvDtype::F16 => half::f16::from_f32(v).to_f32(),
-                    KvDtype::Bf16 => half::bf16::from_f32(v).to_f32(),
-                    _ => v,
-                })
-                .collect()
+    /// The values a cache of `storage` holds: each token row (one KV head) encoded by the CPU
+    /// codec and decoded back.
+    fn stored_as(&self, storage: &Storage) -> (Vec<f32>, Vec<f32>) {
+        let round = |x: &[Vec<f32>], dtype: KvDtype, mode: ScaleMode, d: usize| -> Vec<f32> {
+            decode_rows(&encode_rows(dtype, d, &x.concat(), mode).unwrap()).unwrap()
         };
-        (round(&self.k), round(&self.v))
+        (
+            round(&self.k, storage.k, storage.k_mode, self.shape.head_dim_qk),
+            round(&self.v, storage.v, storage.v_mode, self.shape.head_dim_v),
+        )
     }
 
     fn reference(&self, dtype: KvDtype, opts: &AttentionOptions) -> reference::AttentionOutput {
-        let (k, v) = self.stored(dtype);
+        self.reference_as(&Storage::uniform(dtype), opts)
+    }
+
+    fn reference_as(
+        &self,
+        storage: &Storage,
+        opts: &AttentionOptions,
+    ) -> reference::AttentionOutput {
+        let (k, v) = self.stored_as(storage);
         let mut cu_q = vec![0u32];
         let mut cu_k = vec![0u32];
         for &(lk, lq) in &self.lens {
@@ -81,12 +87,24 @@ impl HostBatch {
     /// A cache holding every sequence (ids 0..), written in random interleaved chunks so the
     /// physical blocks of a sequence are scattered.
     fn cache(&self, ctx: &Context, dtype: KvDtype, block_size: usize) -> PagedKvCache {
+        self.cache_as(ctx, &Storage::uniform(dtype), block_size)
+    }
+
+    fn cache_as(&self, ctx: &Context, storage: &Storage, block_size: usize) -> PagedKvCache {
         let s = &self.shape;
+        let scales = |mode: ScaleMode| match mode {
+            ScaleMode::PerTensor(x) => CacheScales::PerTensor(vec![x]),
+            ScaleMode::PerRow => CacheScales::PerRow,
+        };
         let cfg = PagedKvConfig {
             head_dim_v: s.head_dim_v,
             block_size,
             prefix_caching: false,
-            ..PagedKvConfig::new(1, s.num_kv_heads, s.head_dim_qk, dtype)
+            k_dtype: storage.k,
+            v_dtype: storage.v,
+            k_scales: scales(storage.k_mode),
+            v_scales: scales(storage.v_mode),
+            ..PagedKvConfig::new(1, s.num_kv_heads, s.head_dim_qk, KvDtype::F32)
         };
         let blocks: usize = self
             .lens
@@ -130,6 +148,44 @@ impl HostBatch {
                 len_q: lq,
             })
             .collect()
+    }
+}
+
+/// K and V storage formats and scale modes of a test cache.
+#[derive(Debug, Clone, Copy)]
+struct Storage {
+    k: KvDtype,
+    k_mode: ScaleMode,
+    v: KvDtype,
+    v_mode: ScaleMode,
+}
+
+impl Storage {
+    fn uniform(dtype: KvDtype) -> Self {
+        Self::per_row(dtype, dtype)
+    }
+
+    fn per_row(k: KvDtype, v: KvDtype) -> Self {
+        Self {
+            k,
+            k_mode: ScaleMode::PerRow,
+            v,
+            v_mode: ScaleMode::PerRow,
+        }
+    }
+
+    fn name(&self) -> String {
+        let mode = |m: ScaleMode| match m {
+            ScaleMode::PerTensor(s) => format!("/t{s}"),
+            ScaleMode::PerRow => String::new(),
+        };
+        format!(
+            "k {}{} v {}{}",
+            self.k,
+            mode(self.k_mode),
+            self.v,
+            mode(self.v_mode)
+        )
     }
 }
 
@@ -181,12 +237,12 @@ fn check(
 /// The reference on inputs rounded to f16 (queries too): what an f16 kernel sees.
 fn reference_f16(
     b: &HostBatch,
-    dtype: KvDtype,
+    storage: &Storage,
     opts: &AttentionOptions,
 ) -> reference::AttentionOutput {
     let r =
         |x: &[f32]| -> Vec<f32> { x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect() };
-    let (k, v) = b.stored(dtype);
+    let (k, v) = b.stored_as(storage);
     let (k, v, q) = (r(&k), r(&v), r(&b.q));
     let mut cu_q = vec![0u32];
     let mut cu_k = vec![0u32];
@@ -287,7 +343,8 @@ fn paged_decode_and_prefill_match_reference_on_grid() {
             let want = b.reference(dtype, &opts);
             for precision in precisions(ctx) {
                 let got = run(ctx, &cache, &b, &opts, precision);
-                let w16 = (precision == Precision::F16).then(|| reference_f16(&b, dtype, &opts));
+                let w16 = (precision == Precision::F16)
+                    .then(|| reference_f16(&b, &Storage::uniform(dtype), &opts));
                 let name = format!(
                     "hd{dk}/{dv} hq{hq} hkv{hkv} bs{bs} {dtype} {}",
                     precision.name()
@@ -316,7 +373,8 @@ fn paged_options_match_reference() {
         let want = b.reference(KvDtype::F16, &opts);
         for precision in precisions(ctx) {
             let got = run(ctx, &cache, &b, &opts, precision);
-            let w16 = (precision == Precision::F16).then(|| reference_f16(&b, KvDtype::F16, &opts));
+            let w16 = (precision == Precision::F16)
+                .then(|| reference_f16(&b, &Storage::uniform(KvDtype::F16), &opts));
             check(
                 &format!("{name} {}", precision.name()),
                 precision,
@@ -790,4 +848,84 @@ fn cascade_prefix_pass_merged_with_suffix_pass_equals_full_attention() {
         ..bad
     };
     assert!(PagedAttentionPlan::new(ctx, &cache, &ok).is_ok());
+}
+
+#[test]
+fn quantized_kv_matches_reference_on_dequantized_rows() {
+    // Every quantized format (per-row scales), per-tensor FP8 from calibration, and K and V in
+    // different formats; decode and prefill chunks; pools over several bindings; both kernels.
+    let ctx = gpu_capped();
+    let heads = [(8usize, 2usize), (4, 4), (6, 1), (16, 2)];
+    let dims = [
+        (64usize, 64usize),
+        (128, 128),
+        (96, 96),
+        (192, 128),
+        (256, 256),
+    ];
+    let block_sizes = [16usize, 1, 32, 8];
+    let mut storages: Vec<Storage> = [
+        KvDtype::Fp8E4M3,
+        KvDtype::Fp8E5M2,
+        KvDtype::Int8,
+        KvDtype::Int4,
+    ]
+    .into_iter()
+    .map(Storage::uniform)
+    .collect();
+    storages.push(Storage::per_row(KvDtype::Int8, KvDtype::Int4));
+    storages.push(Storage::per_row(KvDtype::Fp8E5M2, KvDtype::F16));
+    storages.push(Storage::per_row(KvDtype::Bf16, KvDtype::Fp8E4M3));
+    let mut cases = 0;
+    let mut worst = Worst::default();
+    let mut n = 0;
+    for &(dk, dv) in &dims {
+        for (si, base) in storages.iter().enumerate() {
+            let (hq, hkv) = heads[n % heads.len()];
+            let bs = block_sizes[n % block_sizes.len()];
+            n += 1;
+            let shape = AttentionShape {
+                num_q_heads: hq,
+                num_kv_heads: hkv,
+                head_dim_qk: dk,
+                head_dim_v: dv,
+            };
+            let lens = [(1, 1), (97, 1), (bs + 1, 1), (40 + 17, 17), (600, 1)];
+            let b = HostBatch::new(shape, &lens, (si * 31 + dk) as u64);
+            // Per-tensor FP8 (every other case): scales calibrated on this batch with headroom.
+            let mut storage = *base;
+            if n % 2 == 0 && storage.k.fp8_format().is_some() {
+                let k = per_tensor_scale(storage.k, &b.k.concat(), 1.25).unwrap();
+                storage.k_mode = ScaleMode::PerTensor(k);
+            }
+            if n % 2 == 0 && storage.v.fp8_format().is_some() {
+                let v = per_tensor_scale(storage.v, &b.v.concat(), 1.0).unwrap();
+                storage.v_mode = ScaleMode::PerTensor(v);
+            }
+            let block_bytes = (bs * hkv * dk.max(dv) * 4) as u64;
+            let own;
+            let ctx = if 3 * block_bytes <= 64 << 10 {
+                ctx
+            } else {
+                own = capped_at(3 * block_bytes);
+                &own
+            };
+            let cache = b.cache_as(ctx, &storage, bs);
+            let opts = AttentionOptions::default();
+            let want = b.reference_as(&storage, &opts);
+            for precision in precisions(ctx) {
+                let got = run(ctx, &cache, &b, &opts, precision);
+                let w16 = (precision == Precision::F16).then(|| reference_f16(&b, &storage, &opts));
+                let name = format!(
+                    "hd{dk}/{dv} hq{hq} hkv{hkv} bs{bs} {} {}",
+                    storage.name(),
+                    precision.name()
+                );
+                let e = check(&name, precision, &got, &want, w16.as_ref());
+                worst.add(format!("{}/{}", base.name(), precision.name()), e);
+                cases += 1;
+            }
+        }
+    }
+    eprintln!("quantized grid: {cases} cases; worst error / output scale: {worst:?}");
 }
