@@ -22,11 +22,10 @@ fn kv_f16_to_f32_bits(h: u32) -> u32 {
     let m = h & 0x3ffu;
     // Normal: exponent field rebiased from 15 to 127.
     let normal = (em << 13u) + (112u << 23u);
-    // Subnormal m * 2^-24, normalised on the leading bit p of m (unused when m == 0).
-    let p = firstLeadingBit(m);
-    let sub = ((p + 103u) << 23u) | ((m ^ (1u << p)) << (23u - p));
+    // Subnormal (or zero) m * 2^-24: an exact int-to-float conversion and power-of-two multiply
+    // whose result is a normal f32, so no driver's subnormal flushing can touch it.
+    let sub = bitcast<u32>(f32(m) * 0x1p-24f);
     var bits = select(normal, sub, em < 0x400u);
-    bits = select(bits, 0u, em == 0u);
     bits = select(bits, 0x7f800000u, em == 0x7c00u);
     bits = select(bits, 0x7fc00000u | (m << 13u), em > 0x7c00u);
     return sign | bits;
@@ -54,11 +53,9 @@ fn kv_fp8_e4m3(b: u32) -> f32 {
     let m = b & 7u;
     // Normal: exponent field rebiased from 7 to 127.
     let normal = (em << 20u) + (120u << 23u);
-    // Subnormal m * 2^-9, normalised on the leading bit p of m (unused when m == 0).
-    let p = firstLeadingBit(m);
-    let sub = ((p + 118u) << 23u) | ((m ^ (1u << p)) << (23u - p));
+    // Subnormal (or zero) m * 2^-9, exact and normal in f32 (see kv_f16_to_f32_bits).
+    let sub = bitcast<u32>(f32(m) * 0x1p-9f);
     var bits = select(normal, sub, em < 8u);
-    bits = select(bits, 0u, em == 0u);
     bits = select(bits, 0x7fc00000u, em == 0x7fu);
     return bitcast<f32>(sign | bits);
 }
@@ -69,11 +66,9 @@ fn kv_fp8_e5m2(b: u32) -> f32 {
     let em = b & 0x7fu;
     let m = b & 3u;
     let normal = (em << 21u) + (112u << 23u);
-    // Subnormal m * 2^-16.
-    let p = firstLeadingBit(m);
-    let sub = ((p + 111u) << 23u) | ((m ^ (1u << p)) << (23u - p));
+    // Subnormal (or zero) m * 2^-16, exact and normal in f32.
+    let sub = bitcast<u32>(f32(m) * 0x1p-16f);
     var bits = select(normal, sub, em < 4u);
-    bits = select(bits, 0u, em == 0u);
     bits = select(bits, 0x7f800000u, em == 0x7cu);
     bits = select(bits, 0x7fc00000u, em > 0x7cu);
     return bitcast<f32>(sign | bits);
