@@ -1,11 +1,26 @@
 // append_kv: write new token rows of K or V into their slots of one pool buffer, in place,
-// encoding them into the pool's storage format (DESIGN.md sections 5 and 6).
+// encoding them into the pool's storage format (DESIGN.md sections 5 and 6), bit for bit as the
+// CPU codec (`quant::encode_rows`) does; kv_store.wgsl holds the encoders.
 //
 // src: [n_src, Hkv, DIM] values, f32 bits or (SRC_F16) f16 pairs, element 2i in the low half.
 // rows: pairs (source token index, global slot = block * block_size + offset), only slots whose
 //   block lives in this buffer (the host partitions them).
-// pool: blocks [Hkv][block_size][words_per_row], block `first_block` at word 0.
+// pool: blocks of R = Hkv * block_size rows, block `first_block` at word 0, each block
+//   R * (wpr + spr) words: first every row's values (row i = head * block_size + offset at word
+//   i * wpr), then every row's scale words (row i at word R * wpr + i * spr), as kv_load.wgsl
+//   reads them. Scale words: f32 bits of the row's scale (per-row FP8, int8); one word per group
+//   of 32 values, f16 scale low and f16 min high (int4). Per-tensor FP8 has none: its scale and
+//   reciprocal are in `tensor`.
 // One workgroup per (KV head, row entry); its invocations write the row's words.
+//
+// Inputs outside the CPU codec's contract (encode_rows refuses them) get what the codec's own
+// functions give, with the arithmetic of kv_store.wgsl:
+// - int8 (`Int8Scale::for_row` + `encode_int8`): amax ignores NaN; a row holding an infinity gets
+//   scale 0 and every code 0; NaN codes 0.
+// - int4 (`Int4Params::for_group` + `encode_int4`): min/max ignore NaN; NaN codes 0; a group
+//   holding an infinity or values beyond the f16 range gets the f16 scale/min those functions
+//   give (infinite, or NaN from inf - inf: 0xfe00 as on x86), and codes 0 when the scale is not
+//   finite (zero reciprocal), else 0 or 15 where the min overflowed to +inf or -inf.
 
 struct AppendParams {
     num_entries: u32,
@@ -19,16 +34,30 @@ struct AppendParams {
     _pad2: u32,
 }
 
+// The pool's per-tensor FP8 scale and its reciprocal, computed on the host (`Fp8Scale`).
+struct TensorScale {
+    scale: f32,
+    inv_scale: f32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
 override WG: u32 = 64u;
 // Head dim of this tensor; DST_DTYPE is its storage format (a KV_* code).
 override DIM: u32 = 128u;
 override DST_DTYPE: u32 = 0u;
 override SRC_F16: bool = false;
+// FP8 with the static scale of `tensor` (no scale words); otherwise scales per row.
+override PER_TENSOR: bool = false;
 
 @group(0) @binding(0) var<uniform> params: AppendParams;
 @group(0) @binding(1) var<storage, read> src: array<u32>;
 @group(0) @binding(2) var<storage, read> rows: array<u32>;
 @group(0) @binding(3) var<storage, read_write> pool: array<u32>;
+@group(0) @binding(4) var<uniform> tensor: TensorScale;
+
+// The row's amax (as f32 bits), reduced over the workgroup.
+var<workgroup> wg_amax: atomic<u32>;
 
 // f32 bits of element `e` of the source.
 fn src_bits(e: u32) -> u32 {
@@ -38,7 +67,7 @@ fn src_bits(e: u32) -> u32 {
     return src[e];
 }
 
-// Word `w` of a row whose first source element is `e0`, in DST_DTYPE.
+// Word `w` of an unscaled row (f32, f16, bf16) whose first source element is `e0`.
 fn encode_word(e0: u32, w: u32) -> u32 {
     switch DST_DTYPE {
         case KV_F16: {
@@ -55,21 +84,133 @@ fn encode_word(e0: u32, w: u32) -> u32 {
     }
 }
 
+// Code of one value in an 8-bit format (low 8 bits), `inv` the f32 bits of the reciprocal scale.
+fn encode_byte(bits: u32, inv: u32) -> u32 {
+    switch DST_DTYPE {
+        case KV_FP8_E4M3: {
+            return kv_encode_e4m3(kv_mul_bits(bits, inv));
+        }
+        case KV_FP8_E5M2: {
+            return kv_encode_e5m2(kv_mul_bits(bits, inv));
+        }
+        default: {
+            return kv_encode_int8(bits, inv);
+        }
+    }
+}
+
+// This invocation's share of the row's amax: the integer max of `bits & 0x7fffffff` over its
+// elements, FP8 over finite values only (`amax_finite_bits`), int8 over non-NaN values (the
+// CPU's `f32::max` fold).
+fn partial_amax(e0: u32, lid: u32) -> u32 {
+    let limit = select(0x7f800000u, 0x7f7fffffu, DST_DTYPE != KV_INT8);
+    var m = 0u;
+    for (var e = lid; e < DIM; e += WG) {
+        let a = src_bits(e0 + e) & 0x7fffffffu;
+        m = select(m, max(m, a), a <= limit);
+    }
+    return m;
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let entry = params.entry_base + wid.y;
-    if entry >= params.num_entries {
-        return;
-    }
+    // Workgroup-uniform. No early return: every invocation must reach the barriers below.
+    let in_range = entry < params.num_entries;
     let h = wid.x;
-    let token = rows[2u * entry];
-    let slot = rows[2u * entry + 1u];
+    let e_row = select(0u, 2u * entry, in_range);
+    let token = rows[e_row];
+    let slot = rows[e_row + 1u];
     let block = slot / params.block_size - params.first_block;
     let offset = slot % params.block_size;
     let wpr = kv_words_per_row(DST_DTYPE, DIM);
-    let dst = ((block * params.num_kv_heads + h) * params.block_size + offset) * wpr;
+    let spr = kv_scale_words_per_row(DST_DTYPE, DIM, PER_TENSOR);
+    let block_rows = params.num_kv_heads * params.block_size;
+    let row = h * params.block_size + offset;
+    let block_base = block * block_rows * (wpr + spr);
+    let dst = block_base + row * wpr;
+    let scale_dst = block_base + block_rows * wpr + row * spr;
     let e0 = (token * params.num_kv_heads + h) * DIM;
-    for (var w = lid; w < wpr; w += WG) {
-        pool[dst + w] = encode_word(e0, w);
+
+    // Per-row FP8 and int8: the row's amax, reduced in workgroup memory.
+    let fp8 = DST_DTYPE == KV_FP8_E4M3 || DST_DTYPE == KV_FP8_E5M2;
+    var amax = 0u;
+    if (fp8 && !PER_TENSOR) || DST_DTYPE == KV_INT8 {
+        if lid == 0u {
+            atomicStore(&wg_amax, 0u);
+        }
+        workgroupBarrier();
+        if in_range {
+            atomicMax(&wg_amax, partial_amax(e0, lid));
+        }
+        workgroupBarrier();
+        amax = atomicLoad(&wg_amax);
+    }
+    if !in_range {
+        return;
+    }
+
+    switch DST_DTYPE {
+        case KV_FP8_E4M3, KV_FP8_E5M2, KV_INT8: {
+            var inv = bitcast<u32>(tensor.inv_scale);
+            if DST_DTYPE == KV_INT8 {
+                let s = kv_int8_scale(amax);
+                inv = s.y;
+                if lid == 0u {
+                    pool[scale_dst] = s.x;
+                }
+            } else if !PER_TENSOR {
+                // Power of two 2^k: the reciprocal is exact, x * 2^-k is done exactly below.
+                let k = kv_fp8_row_scale_exponent(amax, select(15, 8, DST_DTYPE == KV_FP8_E4M3));
+                inv = u32(127 - k) << 23u;
+                if lid == 0u {
+                    pool[scale_dst] = u32(k + 127) << 23u;
+                }
+            }
+            for (var w = lid; w < wpr; w += WG) {
+                let e = e0 + 4u * w;
+                pool[dst + w] = encode_byte(src_bits(e), inv)
+                    | (encode_byte(src_bits(e + 1u), inv) << 8u)
+                    | (encode_byte(src_bits(e + 2u), inv) << 16u)
+                    | (encode_byte(src_bits(e + 3u), inv) << 24u);
+            }
+        }
+        case KV_INT4: {
+            // One invocation per group of 32 values: 4 value words and 1 scale word.
+            for (var g = lid; g < DIM / 32u; g += WG) {
+                let g0 = e0 + 32u * g;
+                // Min and max by total order (-0 < +0), NaN ignored, as Int4Params::for_group.
+                var lo = kv_total_key(0x7f800000u);
+                var hi = kv_total_key(0xff800000u);
+                for (var i = 0u; i < 32u; i++) {
+                    let b = src_bits(g0 + i);
+                    if (b & 0x7fffffffu) <= 0x7f800000u {
+                        let k = kv_total_key(b);
+                        lo = min(lo, k);
+                        hi = max(hi, k);
+                    }
+                }
+                var min_bits = 0u;
+                var max_bits = 0u;
+                if lo <= hi {
+                    min_bits = kv_total_unkey(lo);
+                    max_bits = kv_total_unkey(hi);
+                }
+                let p = kv_int4_params(min_bits, max_bits);
+                pool[scale_dst + g] = p.x | (p.y << 16u);
+                for (var w = 0u; w < 4u; w++) {
+                    var word = 0u;
+                    for (var j = 0u; j < 8u; j++) {
+                        word |= kv_encode_int4(src_bits(g0 + 8u * w + j), p.z, p.w) << (4u * j);
+                    }
+                    pool[dst + 4u * g + w] = word;
+                }
+            }
+        }
+        default: {
+            for (var w = lid; w < wpr; w += WG) {
+                pool[dst + w] = encode_word(e0, w);
+            }
+        }
     }
 }

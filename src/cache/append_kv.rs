@@ -1,6 +1,10 @@
 //! `append_kv`: write new K or V rows into their slots of a block pool, in place, encoding them
-//! into the pool's storage format on the GPU (`shaders/append_kv.wgsl`). The encoders match the
-//! CPU codec bit for bit.
+//! into the pool's storage format on the GPU (`shaders/append_kv.wgsl`, encoders in
+//! `shaders/lib/kv_store.wgsl`). The encoders match the CPU codec ([`crate::quant::encode_rows`])
+//! bit for bit, quantized formats included: FP8 E4M3/E5M2 with per-tensor or dynamic per-row
+//! scales, int8 and int4, each row's (or group's) scale computed on the GPU with integer
+//! arithmetic on the f32 bits (correctly rounded, subnormals included), never with the driver's
+//! float operations.
 
 use super::pool::BlockPool;
 use crate::gpu::Context;
@@ -55,25 +59,48 @@ impl SourceDtype {
 
 fn constants(pool: &BlockPool, src: SourceDtype) -> Vec<(&'static str, f64)> {
     let layout = pool.layout();
+    kernel_constants(
+        layout.dtype,
+        layout.head_dim,
+        src,
+        layout.per_tensor_scale(),
+    )
+}
+
+fn kernel_constants(
+    dtype: KvDtype,
+    head_dim: usize,
+    src: SourceDtype,
+    per_tensor: bool,
+) -> Vec<(&'static str, f64)> {
     vec![
         ("WG", f64::from(WG)),
-        ("DIM", layout.head_dim as f64),
-        ("DST_DTYPE", f64::from(layout.dtype.code())),
+        ("DIM", head_dim as f64),
+        ("DST_DTYPE", f64::from(dtype.code())),
         ("SRC_F16", f64::from(u8::from(src == SourceDtype::F16))),
+        ("PER_TENSOR", f64::from(u8::from(per_tensor))),
     ]
 }
 
-/// Override constants for the naga tests: every unscaled storage format, both sources.
+/// Override constants for the naga tests: every storage format (FP8 with per-row and
+/// per-tensor scales), the smallest and largest head dims, both sources.
 pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
     let mut sets = Vec::new();
-    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
-        for (dim, src) in [(64.0, 0.0), (1024.0, 1.0)] {
-            sets.push(vec![
-                ("WG", f64::from(WG)),
-                ("DIM", dim),
-                ("DST_DTYPE", f64::from(dtype.code())),
-                ("SRC_F16", src),
-            ]);
+    for dtype in KvDtype::ALL {
+        let modes: &[bool] = if dtype.fp8_format().is_some() {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        for &per_tensor in modes {
+            let smallest = if dtype == KvDtype::Int4 { 32 } else { 4 };
+            for (dim, src) in [
+                (smallest, SourceDtype::F32),
+                (64, SourceDtype::F16),
+                (crate::quant::MAX_HEAD_DIM, SourceDtype::F16),
+            ] {
+                sets.push(kernel_constants(dtype, dim, src, per_tensor));
+            }
         }
     }
     sets
@@ -156,8 +183,36 @@ impl AppendRows {
 }
 
 /// Writes row `i` of `src` (`[n_src, num_kv_heads, head_dim]` in `src_dtype`, every head) into
-/// global slot `slots[i]` (`block * block_size + offset`) of `pool`, for every `i`. Slots are
-/// checked against the pool and `src` against its size before anything is dispatched.
+/// global slot `slots[i]` (`block * block_size + offset`) of `pool`, for every `i`, encoded in
+/// the pool's format exactly as [`encode_rows`](crate::quant::encode_rows) encodes the same
+/// values (for an f16 source: the f16 values as f32), with the scale words at the pool layout's
+/// [`scales_in_block`](super::pool::PoolLayout::scales_in_block):
+///
+/// - FP8 per-row: scale `2^k` from the row's finite amax, values `encode(x * 2^-k)` (exact);
+/// - FP8 per-tensor: `encode(x * inv_scale)` with the pool's host-computed reciprocal (the
+///   pool's [`scale_uniform`](BlockPool::scale_uniform));
+/// - int8: `scale = amax / 127`, `inv = 1 / scale` (correctly rounded divisions done with
+///   integer arithmetic, so they equal the CPU's), `round_ties_even(x * inv)` clamped to ±127;
+/// - int4: per group of 32, min and max by total order (-0 < +0), f16 scale
+///   `(max - min) / 15` and f16 min, `round_ties_even((x - min_h) / scale_h)` (by the reciprocal)
+///   clamped to 0..=15.
+///
+/// Input outside the int8/int4 contract (which `encode_rows` refuses; the GPU cannot report
+/// it) is encoded as the CPU codec's own functions do ([`Int8Scale::for_row`] and
+/// [`encode_int8`]; [`Int4Params::for_group`] and [`encode_int4`]): NaN gives code 0 and is
+/// ignored by the scales; an int8 row holding an infinity gets scale 0 and all codes 0; an int4
+/// group holding an infinity or values beyond the f16 range gets the f16 scale/min the CPU
+/// functions give (infinite or NaN; a NaN from inf - inf is the x86 default NaN, f16 `0xfe00`),
+/// and codes 0 when the scale is not finite, else 0 or 15 where the min overflowed to +inf or
+/// -inf.
+///
+/// [`Int8Scale::for_row`]: crate::quant::Int8Scale::for_row
+/// [`encode_int8`]: crate::quant::int8::encode_int8
+/// [`Int4Params::for_group`]: crate::quant::Int4Params::for_group
+/// [`encode_int4`]: crate::quant::int4::encode_int4
+///
+/// Slots are checked against the pool and `src` against its size before anything is
+/// dispatched.
 pub fn append_kv(
     ctx: &Context,
     pool: &BlockPool,
@@ -200,7 +255,13 @@ pub fn append_rows(
     for (buffer, n, list, uniform) in &rows.dispatches {
         ctx.dispatch(
             &pipeline,
-            &[uniform, src, list, &pool.buffers()[*buffer]],
+            &[
+                uniform,
+                src,
+                list,
+                &pool.buffers()[*buffer],
+                pool.scale_uniform(),
+            ],
             [layout.num_kv_heads as u32, *n, 1],
         )?;
     }

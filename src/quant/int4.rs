@@ -41,13 +41,21 @@ impl Int4Params {
         }
     }
 
-    /// The parameters of a group: min and max over the group (NaN ignored; an empty group is
-    /// treated as zeros), `scale = (max - min) / 15`, both rounded to f16.
+    /// The parameters of a group: min and max over the group (NaN ignored; an empty or all-NaN
+    /// group is treated as zeros), `scale = (max - min) / 15`, both rounded to f16.
+    ///
+    /// Min and max compare by IEEE total order (`f32::total_cmp`), so `-0.0 < +0.0` and the sign
+    /// of a zero min is deterministic (`f32::min` may return either zero); the GPU encoder
+    /// compares the same integer keys.
     pub fn for_group(group: &[f32]) -> Int4Params {
         let (mut min, mut max) = (f32::INFINITY, f32::NEG_INFINITY);
-        for &x in group {
-            min = min.min(x);
-            max = max.max(x);
+        for &x in group.iter().filter(|x| !x.is_nan()) {
+            if x.total_cmp(&min).is_lt() {
+                min = x;
+            }
+            if x.total_cmp(&max).is_gt() {
+                max = x;
+            }
         }
         if min > max {
             (min, max) = (0.0, 0.0);
@@ -103,6 +111,20 @@ mod tests {
         assert_eq!(decode_int4(0, p.scale(), p.min()), 3.0);
         let e = Int4Params::for_group(&[]);
         assert_eq!((e.scale(), e.min()), (0.0, 0.0));
+    }
+
+    #[test]
+    fn signed_zeros_and_nan_are_ordered_deterministically() {
+        for g in [[0.0f32, -0.0], [-0.0, 0.0]] {
+            let p = Int4Params::for_group(&g);
+            assert_eq!((p.min_h, p.scale_h), (0x8000, 0), "{g:?}");
+        }
+        let p = Int4Params::for_group(&[0.0, f32::NAN, 0.0]);
+        assert_eq!((p.min_h, p.scale_h), (0, 0));
+        let p = Int4Params::for_group(&[f32::NAN, -1.0, 14.0]);
+        assert_eq!((p.min(), p.scale()), (-1.0, 1.0));
+        let p = Int4Params::for_group(&[f32::NAN; 4]);
+        assert_eq!((p.min_h, p.scale_h), (0, 0));
     }
 
     #[test]

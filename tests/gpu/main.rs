@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod append_quant;
 mod context;
 mod decode;
 mod kv_load;
