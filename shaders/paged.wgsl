@@ -185,10 +185,23 @@ fn attend(wid: vec3<u32>, tid: u32) {
             var dots: array<f32, MAX_TILE>;
             let block = plan[table + j / params.block_size] - params.first_block;
             let row = (block * params.num_kv_heads + kv_head) * params.block_size + j % params.block_size;
-            for (var c = 0u; c < d4; c++) {
-                let k = vec4<f32>(real4(kv_load4_codes(0u, row, c)));
-                for (var t = 0u; t < n_rows; t++) {
-                    dots[t] += dot(vec4<f32>(q_tile[t * d4 + c]), k);
+            if K_DTYPE == KV_INT4 {
+                // Each group's scale and min decoded once.
+                for (var g = 0u; g < d4 / 8u; g++) {
+                    let sm = kv_int4_group(0u, row, g);
+                    for (var c = g * 8u; c < g * 8u + 8u; c++) {
+                        let k = vec4<f32>(real4(kv_int4_load4(0u, row, c, sm)));
+                        for (var t = 0u; t < n_rows; t++) {
+                            dots[t] += dot(vec4<f32>(q_tile[t * d4 + c]), k);
+                        }
+                    }
+                }
+            } else {
+                for (var c = 0u; c < d4; c++) {
+                    let k = vec4<f32>(real4(kv_load4_codes(0u, row, c)));
+                    for (var t = 0u; t < n_rows; t++) {
+                        dots[t] += dot(vec4<f32>(q_tile[t * d4 + c]), k);
+                    }
                 }
             }
             let k_scale = kv_row_scale(0u, row);

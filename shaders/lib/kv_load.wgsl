@@ -131,16 +131,26 @@ fn kv_load4_codes(which: u32, row: u32, c4: u32) -> vec4<f32> {
             r = vec4<f32>(bitcast<vec4<i32>>(top) >> vec4<u32>(24u));
         }
         case KV_INT4: {
-            // Eight codes per word: values c4 * 4 .. + 3 are one half of word c4 / 2.
-            let w = kv_word(which, base + c4 / 2u) >> ((c4 & 1u) * 16u);
-            let q = (vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u);
-            // Group c4 / 8 (32 values); f16 scale in the low half, f16 min in the high half.
-            let sm = kv_unpack_f16x2(kv_word(which, kv_scale_base(which, row) + c4 / 8u));
-            r = fma(vec4<f32>(q), vec4<f32>(sm.x), vec4<f32>(sm.y));
+            r = kv_int4_load4(which, row, c4, kv_int4_group(which, row, c4 / 8u));
         }
         default: {}
     }
     return r;
+}
+
+// The (scale, min) of int4 group g (values 32g .. 32g + 31) of row `row`: f16 scale in the low
+// half of its scale word, f16 min in the high half.
+fn kv_int4_group(which: u32, row: u32, g: u32) -> vec2<f32> {
+    return kv_unpack_f16x2(kv_word(which, kv_scale_base(which, row) + g));
+}
+
+// Values c4 * 4 .. + 3 of int4 row `row`, whose group's (scale, min) is `sm` (kernels reading a
+// whole row decode each group's parameters once).
+fn kv_int4_load4(which: u32, row: u32, c4: u32, sm: vec2<f32>) -> vec4<f32> {
+    // Eight codes per word: values c4 * 4 .. + 3 are one half of word c4 / 2.
+    let w = kv_word(which, kv_row_base(which, row) + c4 / 2u) >> ((c4 & 1u) * 16u);
+    let q = (vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u);
+    return fma(vec4<f32>(q), vec4<f32>(sm.x), vec4<f32>(sm.y));
 }
 
 // Values c4 * 4 .. c4 * 4 + 3 of row `row`, decoded exactly as the CPU codec does.
