@@ -6,7 +6,8 @@
 // group) and cut into tiles of TILE rows: for decode a tile is (part of) the GQA group of one
 // token, for prefill a few tokens times the group. A tile's queries sit in workgroup memory, so
 // each K/V row is read once per tile. Rows never interact: a row's bits do not depend on which
-// other rows share its tile (loops run over the tile's `n_rows`, not TILE).
+// other rows share its tile (loops over a tile's rows run to the constant TILE, so that a
+// compiler can unroll them and keep per-row values in registers, but skip rows past `n_rows`).
 //
 // Work items. The host plans, per (sequence, tile), the key range the tile can see, cut at fixed
 // token splits (split-K, the same for every batch) and where the sequence's blocks change pool
@@ -191,7 +192,10 @@ fn attend(wid: vec3<u32>, tid: u32) {
                     let sm = kv_int4_group(0u, row, g);
                     for (var c = g * 8u; c < g * 8u + 8u; c++) {
                         let k = vec4<f32>(real4(kv_int4_load4(0u, row, c, sm)));
-                        for (var t = 0u; t < n_rows; t++) {
+                        for (var t = 0u; t < TILE; t++) {
+                            if t >= n_rows {
+                                break;
+                            }
                             dots[t] += dot(vec4<f32>(q_tile[t * d4 + c]), k);
                         }
                     }
@@ -199,7 +203,10 @@ fn attend(wid: vec3<u32>, tid: u32) {
             } else {
                 for (var c = 0u; c < d4; c++) {
                     let k = vec4<f32>(real4(kv_load4_codes(0u, row, c)));
-                    for (var t = 0u; t < n_rows; t++) {
+                    for (var t = 0u; t < TILE; t++) {
+                        if t >= n_rows {
+                            break;
+                        }
                         dots[t] += dot(vec4<f32>(q_tile[t * d4 + c]), k);
                     }
                 }
@@ -208,7 +215,10 @@ fn attend(wid: vec3<u32>, tid: u32) {
             if v_has_row_scale() {
                 v_row_scale[tid] = kv_row_scale(1u, row);
             }
-            for (var t = 0u; t < n_rows; t++) {
+            for (var t = 0u; t < TILE; t++) {
+                if t >= n_rows {
+                    break;
+                }
                 dots[t] *= k_scale;
                 let p = row_pos[t];
                 var visible = true;
@@ -223,7 +233,10 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 scores[t * WG + tid] = select(MASKED, s, visible);
             }
         } else {
-            for (var t = 0u; t < n_rows; t++) {
+            for (var t = 0u; t < TILE; t++) {
+                if t >= n_rows {
+                    break;
+                }
                 scores[t * WG + tid] = MASKED;
             }
             v_row_scale[tid] = 1.0;
@@ -235,7 +248,10 @@ fn attend(wid: vec3<u32>, tid: u32) {
         workgroupBarrier();
 
         // 3. Probabilities, held in `real` precision.
-        for (var t = 0u; t < n_rows; t++) {
+        for (var t = 0u; t < TILE; t++) {
+            if t >= n_rows {
+                break;
+            }
             let i = t * WG + tid;
             scores[i] = f32(real(softmax_weight(scores[i], row_max[t])));
         }
