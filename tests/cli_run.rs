@@ -1,7 +1,8 @@
-//! `kvattn run attention`, `kvattn run quantize` and `kvattn verify --quick` end to end: the
-//! built binary on case files written here, results compared with the CPU reference and codec;
-//! every kind of invalid input fails with one line on stderr and writes nothing. The GPU runs
-//! use the adapter `WGPU_BACKEND` selects.
+//! `kvattn run attention`, `kvattn run quantize`, `kvattn verify --quick` and `kvattn verify
+//! --quality --quick` end to end: the built binary on case files written here, results compared
+//! with the CPU reference and codec (quantized K/V: the reference on the CPU codec's stored
+//! values); every kind of invalid input fails with one line on stderr and writes nothing. The
+//! GPU runs use the adapter `WGPU_BACKEND` selects.
 #![cfg(feature = "cli")]
 
 #[path = "common/mod.rs"]
@@ -15,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::{max_abs_err, output_scale, Rng};
 use kvattn::attention::{AttentionOptions, AttentionShape, RaggedBatch};
 use kvattn::quant::pack::words_to_le_bytes;
-use kvattn::quant::{decode_rows, encode_rows, Int4Params, KvDtype, ScaleMode};
+use kvattn::quant::{decode_rows, encode_rows, Fp8Format, Int4Params, KvDtype, ScaleMode};
 use kvattn::reference;
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
@@ -192,13 +193,14 @@ impl Problem {
         f
     }
 
-    /// The reference on the values stored in `k_dtype` / `v_dtype`.
-    fn reference(&self, k_dtype: KvDtype, v_dtype: KvDtype) -> reference::AttentionOutput {
-        let stored = |dtype, d, x: &[f32]| {
-            decode_rows(&encode_rows(dtype, d, x, ScaleMode::PerRow).unwrap()).unwrap()
+    /// The reference on the values the CPU codec stores for K in `k` and V in `v` (storage
+    /// format and scale mode): quantized, then dequantized.
+    fn reference(&self, k: Storage, v: Storage) -> reference::AttentionOutput {
+        let stored = |(dtype, mode): Storage, d, x: &[f32]| {
+            decode_rows(&encode_rows(dtype, d, x, mode).unwrap()).unwrap()
         };
-        let k = stored(k_dtype, self.shape.head_dim_qk, &self.k);
-        let v = stored(v_dtype, self.shape.head_dim_v, &self.v);
+        let k = stored(k, self.shape.head_dim_qk, &self.k);
+        let v = stored(v, self.shape.head_dim_v, &self.v);
         let batch = RaggedBatch {
             q: &self.q,
             k: &k,
@@ -208,6 +210,14 @@ impl Problem {
         };
         reference::attention(&batch, &self.shape, &self.opts).unwrap()
     }
+}
+
+/// A storage format and its scale mode.
+type Storage = (KvDtype, ScaleMode);
+
+/// `dtype` with scales per token row (the default of `run attention`).
+fn per_row(dtype: KvDtype) -> Storage {
+    (dtype, ScaleMode::PerRow)
 }
 
 /// A result file: tensors as (shape, f32 or u8 values) and metadata.
@@ -262,11 +272,25 @@ fn has_f16() -> bool {
 }
 
 /// Runs `run attention` on `p` with `flags` and checks the result against the reference on the
-/// stored values (f32 precision: 1e-4 of the output scale; f16: 1e-2).
+/// stored values (f32 precision: 1e-4 of the output scale; f16: 1e-2), K and V stored with
+/// scales per token row.
 fn check_attention(name: &str, p: &Problem, flags: &[&str], k: KvDtype, v: KvDtype) {
+    check_attention_file(name, p, &p.file(), flags, per_row(k), per_row(v));
+}
+
+/// [`check_attention`] on the case file `file` of `p` (which may carry `k_scale` / `v_scale`),
+/// with K and V stored as `k` and `v`.
+fn check_attention_file(
+    name: &str,
+    p: &Problem,
+    file: &CaseFile,
+    flags: &[&str],
+    k: Storage,
+    v: Storage,
+) {
     let dir = temp_dir(name);
     let (case, out) = (dir.join("case.safetensors"), dir.join("out.safetensors"));
-    p.file().write(&case);
+    file.write(&case);
     let mut args = vec!["run", "attention", "--in", s(&case), "--out", s(&out)];
     args.extend_from_slice(flags);
     let o = kvattn(&args);
@@ -292,6 +316,16 @@ fn check_attention(name: &str, p: &Problem, flags: &[&str], k: KvDtype, v: KvDty
     let f16 = flags.windows(2).any(|w| w == ["--precision", "f16"]);
     assert_eq!(r.meta["precision"], if f16 { "f16" } else { "f32" });
     assert!(!r.meta["adapter"].is_empty() && !r.meta["backend"].is_empty());
+    assert_eq!(r.meta["k_dtype"], k.0.name(), "{name}");
+    assert_eq!(r.meta["v_dtype"], v.0.name(), "{name}");
+    for (key, (_, mode)) in [("k_scale", k), ("v_scale", v)] {
+        match mode {
+            ScaleMode::PerTensor(sc) => {
+                assert_eq!(r.meta[key].parse::<f32>().unwrap(), sc, "{name} {key}")
+            }
+            ScaleMode::PerRow => assert!(!r.meta.contains_key(key), "{name} {key}"),
+        }
+    }
     let want = p.reference(k, v);
     let scale = output_scale(&want.out);
     let tol = if f16 { 1e-2 } else { 1e-4 };
@@ -358,6 +392,87 @@ fn run_attention_mixed_dtypes_and_head_dims() {
         ],
         KvDtype::Bf16,
         KvDtype::F32,
+    );
+}
+
+#[test]
+fn run_attention_quantized_kv_matches_reference_on_stored_values() {
+    // Every quantized format, K and V alone or mixed, per-row and per-tensor FP8 scales, decode
+    // and prefill batches; the reference runs on the CPU codec's stored values and the
+    // tolerance is the f32 one.
+    let decode = Problem::new(8, 2, 64, 64, &[(1, 1), (1, 17), (1, 97), (1, 200)], 21);
+    let mut prefill = Problem::new(4, 1, 32, 32, &[(5, 5), (3, 40), (1, 9), (16, 70)], 22);
+    prefill.opts.sliding_window = Some(12);
+    prefill.opts.softcap = Some(4.0);
+    for dtype in [
+        KvDtype::Fp8E4M3,
+        KvDtype::Fp8E5M2,
+        KvDtype::Int8,
+        KvDtype::Int4,
+    ] {
+        let name = dtype.name();
+        check_attention(
+            &format!("decode-{name}"),
+            &decode,
+            &["--kv-dtype", name],
+            dtype,
+            dtype,
+        );
+        check_attention(
+            &format!("prefill-{name}"),
+            &prefill,
+            &["--kv-dtype", name, "--block-size", "8"],
+            dtype,
+            dtype,
+        );
+    }
+    // K int8, V int4 (and the other way), d_v != d_qk.
+    let mut mixed = Problem::new(4, 2, 96, 64, &[(1, 33), (6, 50)], 23);
+    mixed.opts.causal = false;
+    check_attention(
+        "int8-k-int4-v",
+        &mixed,
+        &[
+            "--k-dtype",
+            "int8",
+            "--v-dtype",
+            "int4",
+            "--block-size",
+            "1",
+        ],
+        KvDtype::Int8,
+        KvDtype::Int4,
+    );
+    check_attention(
+        "int4-k-fp8-v",
+        &mixed,
+        &["--kv-dtype", "fp8-e5m2", "--k-dtype", "int4"],
+        KvDtype::Int4,
+        KvDtype::Fp8E5M2,
+    );
+    // Static per-tensor FP8 scales from the case file: both, and K only (V per row).
+    let amax = |x: &[f32]| x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let (ks, vs) = (amax(&decode.k) / 448.0, amax(&decode.v) / 57344.0 * 64.0);
+    let mut f = decode.file();
+    f.meta("k_scale", &ks.to_string())
+        .meta("v_scale", &vs.to_string());
+    check_attention_file(
+        "per-tensor",
+        &decode,
+        &f,
+        &["--k-dtype", "fp8-e4m3", "--v-dtype", "fp8-e5m2"],
+        (KvDtype::Fp8E4M3, ScaleMode::PerTensor(ks)),
+        (KvDtype::Fp8E5M2, ScaleMode::PerTensor(vs)),
+    );
+    let mut f = prefill.file();
+    f.meta("k_scale", "0.0078125");
+    check_attention_file(
+        "per-tensor-k-only",
+        &prefill,
+        &f,
+        &["--kv-dtype", "fp8-e4m3", "--block-size", "32"],
+        (KvDtype::Fp8E4M3, ScaleMode::PerTensor(0.0078125)),
+        per_row(KvDtype::Fp8E4M3),
     );
 }
 
@@ -522,7 +637,7 @@ fn run_attention_rejects_invalid_input() {
         c.meta("softcap", "-1");
     });
     rejects("softcap", Some(&f), &[], "softcap");
-    // Storage formats: unknown, and quantized (not read by the attention kernels yet).
+    // Storage formats: unknown; int4 with a head dim not a multiple of 32 (16 here).
     rejects(
         "dtype",
         Some(&good),
@@ -530,11 +645,42 @@ fn run_attention_rejects_invalid_input() {
         "unknown KV dtype",
     );
     rejects(
-        "quantized",
+        "int4-head-dim",
         Some(&good),
-        &["--v-dtype", "int8"],
-        "not supported",
+        &["--v-dtype", "int4"],
+        "multiple of 32",
     );
+    // Per-tensor scales: FP8 only, positive normal, a number.
+    let f = edit(&|c| {
+        c.meta("k_scale", "0.5");
+    });
+    rejects("k-scale-int8", Some(&f), &["--kv-dtype", "int8"], "k_scale");
+    rejects("k-scale-f16", Some(&f), &["--kv-dtype", "f16"], "FP8 only");
+    let f = edit(&|c| {
+        c.meta("v_scale", "0");
+    });
+    rejects(
+        "v-scale-zero",
+        Some(&f),
+        &["--kv-dtype", "fp8-e4m3"],
+        "positive normal",
+    );
+    let f = edit(&|c| {
+        c.meta("v_scale", "big");
+    });
+    rejects(
+        "v-scale-nan",
+        Some(&f),
+        &["--kv-dtype", "fp8-e5m2"],
+        "metadata v_scale",
+    );
+    // int8/int4 storage needs finite values (FP8 saturates them).
+    let f = edit(&|c| {
+        let mut v = p.v.clone();
+        v[20] = f32::INFINITY;
+        c.set(f32_t("v", vec![11, 2, 16], &v));
+    });
+    rejects("int8-inf", Some(&f), &["--v-dtype", "int8"], "finite");
     rejects(
         "precision",
         Some(&good),
@@ -566,25 +712,24 @@ fn run_attention_writes_nothing_when_the_destination_is_bad() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `run quantize` of `x` [n, H, d] in `dtype` (with a per-tensor scale if given), checked
-/// against the CPU codec: codes and scales exactly, `dequant` bit for bit.
-fn check_quantize(dtype: KvDtype, tensor_scale: Option<f32>) {
-    let (n, h, d) = (5, 3, 64);
-    let mut x = Rng::new(11).normals(n * h * d, 3.0);
-    x[7] = 90.0;
-    let dir = temp_dir(&format!("quantize-{dtype}"));
+/// Runs `run quantize` on `x` `[n, H, d]` in `dtype` (metadata `scale` if given) and returns
+/// the result file.
+fn run_quantize(
+    name: &str,
+    x: &[f32],
+    [n, h, d]: [usize; 3],
+    dtype: KvDtype,
+    scale: Option<f32>,
+) -> Result_ {
+    let dir = temp_dir(name);
     let (inp, out) = (dir.join("x.safetensors"), dir.join("q.safetensors"));
     let mut f = CaseFile {
-        tensors: vec![f32_t("x", vec![n, h, d], &x)],
+        tensors: vec![f32_t("x", vec![n, h, d], x)],
         meta: HashMap::new(),
     };
-    let mode = match tensor_scale {
-        Some(sc) => {
-            f.meta("scale", &sc.to_string());
-            ScaleMode::PerTensor(sc)
-        }
-        None => ScaleMode::PerRow,
-    };
+    if let Some(sc) = scale {
+        f.meta("scale", &sc.to_string());
+    }
     f.write(&inp);
     let o = kvattn(&[
         "run",
@@ -598,10 +743,23 @@ fn check_quantize(dtype: KvDtype, tensor_scale: Option<f32>) {
     ]);
     assert!(
         o.status.success(),
-        "{dtype}: {}",
+        "{name}: {}",
         String::from_utf8_lossy(&o.stderr)
     );
     let r = read_result(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
+/// `run quantize` of `x` [n, H, d] in `dtype` (with a per-tensor scale if given), checked
+/// against the CPU codec: codes and scales exactly, `dequant` bit for bit.
+fn check_quantize(dtype: KvDtype, tensor_scale: Option<f32>, [n, h, d]: [usize; 3]) {
+    let mut x = Rng::new(11 + n as u64).normals(n * h * d, 3.0);
+    let i = 7 % x.len();
+    x[i] = 90.0;
+    let mode = tensor_scale.map_or(ScaleMode::PerRow, ScaleMode::PerTensor);
+    let name = format!("quantize-{dtype}-{n}x{h}x{d}");
+    let r = run_quantize(&name, &x, [n, h, d], dtype, tensor_scale);
     let want = encode_rows(dtype, d, &x, mode).unwrap();
     let (cshape, codes) = &r.u8s["codes"];
     assert_eq!(cshape, &vec![n, h, dtype.bytes_per_row(d)], "{dtype}");
@@ -640,16 +798,111 @@ fn check_quantize(dtype: KvDtype, tensor_scale: Option<f32>) {
         _ => assert!(!r.f32s.contains_key("scales"), "{dtype} has no scales"),
     }
     assert_eq!(r.meta["kv_dtype"], dtype.name());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn run_quantize_round_trips_every_format() {
     for dtype in KvDtype::ALL {
-        check_quantize(dtype, None);
+        check_quantize(dtype, None, [5, 3, 64]);
     }
-    check_quantize(KvDtype::Fp8E4M3, Some(0.25));
-    check_quantize(KvDtype::Fp8E5M2, Some(3.0));
+    check_quantize(KvDtype::Fp8E4M3, Some(0.25), [5, 3, 64]);
+    check_quantize(KvDtype::Fp8E5M2, Some(3.0), [5, 3, 64]);
+    // Other shapes: one row; more tokens than a block (token order, not block order); int4
+    // with three groups per row; the smallest head dim.
+    check_quantize(KvDtype::Int4, None, [1, 1, 32]);
+    check_quantize(KvDtype::Int4, None, [37, 2, 96]);
+    check_quantize(KvDtype::Int8, None, [40, 1, 4]);
+    check_quantize(KvDtype::Fp8E4M3, None, [19, 4, 8]);
+    check_quantize(KvDtype::Fp8E5M2, Some(0.5), [33, 1, 12]);
+}
+
+/// Inputs for an FP8 conversion check: every finite code's value, the midpoints between
+/// adjacent codes (ties, rounded to even) and the floats just beside them, values beyond the
+/// largest finite one (saturation), infinities, NaN, zeros, f32 subnormals and random values.
+fn fp8_edge_values(fmt: Fp8Format) -> Vec<f32> {
+    let mut finite: Vec<f32> = (0..=255u8)
+        .map(|c| fmt.decode(c))
+        .filter(|v| v.is_finite())
+        .collect();
+    finite.sort_by(f32::total_cmp);
+    finite.dedup();
+    let mut x = finite.clone();
+    for w in finite.windows(2) {
+        let mid = (w[0] + w[1]) / 2.0; // exact: adjacent codes differ in one bit of f32 precision
+        x.extend([
+            mid,
+            f32::from_bits(mid.to_bits() + 1),
+            f32::from_bits(mid.to_bits() - 1),
+        ]);
+    }
+    let max = fmt.max_value();
+    x.extend([
+        max * 1.0625,
+        max * 1.125,
+        max * 1.25,
+        1e6,
+        f32::MAX,
+        f32::INFINITY,
+        f32::NAN,
+        0.0,
+        -0.0,
+        f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        1e-30,
+    ]);
+    let mut rng = Rng::new(0xf8);
+    x.extend(rng.normals(200, 50.0));
+    let negated: Vec<f32> = x.iter().map(|v| -v).collect();
+    x.extend(negated);
+    x
+}
+
+#[test]
+fn run_quantize_fp8_scale_one_is_saturating_round_to_nearest_even() {
+    // With a per-tensor scale of 1 the GPU encoder's codes are a plain conversion of x: the
+    // `float8` crate's (CUDA's SATFINITE conversion) for every non-NaN value, and the crate's
+    // own codec for all of them; NaN stays NaN with its sign.
+    for (dtype, fmt) in [
+        (KvDtype::Fp8E4M3, Fp8Format::E4M3),
+        (KvDtype::Fp8E5M2, Fp8Format::E5M2),
+    ] {
+        let mut x = fp8_edge_values(fmt);
+        let (h, d) = (2, 64);
+        let n = x.len().div_ceil(h * d);
+        x.resize(n * h * d, 0.0);
+        let r = run_quantize(&format!("fp8-one-{dtype}"), &x, [n, h, d], dtype, Some(1.0));
+        let (shape, codes) = &r.u8s["codes"];
+        assert_eq!(shape, &vec![n, h, d], "{dtype}");
+        assert_eq!(r.f32s["scales"], (vec![1], vec![1.0]));
+        let (_, deq) = &r.f32s["dequant"];
+        let mut nans = 0;
+        for (i, (&v, &c)) in x.iter().zip(codes).enumerate() {
+            assert_eq!(c, fmt.encode(v), "{dtype} x[{i}] = {v:e}");
+            if v.is_nan() {
+                nans += 1;
+                assert!(
+                    fmt.decode(c).is_nan() && deq[i].is_nan(),
+                    "{dtype} NaN -> {c:#04x}"
+                );
+                assert_eq!(c & 0x80 != 0, v.is_sign_negative(), "{dtype} NaN sign");
+                continue;
+            }
+            let want = match fmt {
+                Fp8Format::E4M3 => float8::F8E4M3::from_f32(v).to_bits(),
+                Fp8Format::E5M2 => float8::F8E5M2::from_f32(v).to_bits(),
+            };
+            assert_eq!(c, want, "{dtype} x[{i}] = {v:e}: not float8's conversion");
+            assert_eq!(
+                deq[i].to_bits(),
+                fmt.decode(c).to_bits(),
+                "{dtype} dequant[{i}]"
+            );
+            if v.abs() >= fmt.max_value() {
+                assert_eq!(deq[i].abs(), fmt.max_value(), "{dtype} {v:e} saturates");
+            }
+        }
+        assert_eq!(nans, 2, "{dtype}: NaN inputs");
+    }
 }
 
 #[test]
@@ -668,22 +921,40 @@ fn run_quantize_rejects_invalid_input() {
             dtype,
         ])
     };
-    let cases: [(Vec<usize>, Option<&str>, &str, &str); 5] = [
+    let cases: [(Vec<usize>, Option<&str>, &str, &str); 12] = [
         // A per-tensor scale is for FP8 only.
         (vec![2, 1, 64], Some("0.5"), "int8", "FP8 only"),
+        (vec![2, 1, 64], Some("0.5"), "int4", "FP8 only"),
+        (vec![2, 1, 64], Some("1"), "bf16", "FP8 only"),
+        // ... and positive normal, and a number.
+        (vec![2, 1, 64], Some("0"), "fp8-e4m3", "positive normal"),
+        (vec![2, 1, 64], Some("-2"), "fp8-e5m2", "positive normal"),
+        (vec![2, 1, 64], Some("one"), "fp8-e4m3", "metadata scale"),
         // int4 needs head dims in multiples of 32.
         (vec![2, 1, 48], None, "int4", "multiple of 32"),
         // Not a multiple of 4.
         (vec![2, 1, 6], None, "f16", "multiple of 4"),
-        // Wrong rank.
+        // Wrong rank; no rows.
         (vec![2, 64], None, "f16", "expected F32 [n, H, d]"),
+        (vec![0, 2, 64], None, "int8", "no rows"),
         // Unknown format.
         (vec![2, 1, 64], None, "int3", "unknown KV dtype"),
+        // int8 needs finite values (x[3] is infinite below).
+        (vec![2, 1, 64], None, "int8", "finite"),
     ];
     for (shape, scale, dtype, needle) in cases {
         let len = shape.iter().product::<usize>();
+        let mut x = vec![1.0; len];
+        if len > 3 {
+            x[3] = f32::INFINITY;
+        }
+        let x = if needle == "finite" {
+            x
+        } else {
+            vec![1.0; len]
+        };
         let mut f = CaseFile {
-            tensors: vec![f32_t("x", shape.clone(), &vec![1.0; len])],
+            tensors: vec![f32_t("x", shape.clone(), &x)],
             meta: HashMap::new(),
         };
         if let Some(sc) = scale {
@@ -699,6 +970,11 @@ fn run_quantize_rejects_invalid_input() {
             "{shape:?} {dtype}: {err:?} lacks {needle:?}"
         );
         assert!(!out.exists());
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["x.safetensors"], "{shape:?} {dtype}: left files");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -720,8 +996,103 @@ fn verify_quick_passes() {
             "no passing {kernel} row:\n{stdout}"
         );
     }
+    // Every quantized format in the attention checks (decode and prefill batches) and in the
+    // quantize-on-write checks, per-row and per-tensor.
+    let passes = |needles: &[&str]| {
+        stdout
+            .lines()
+            .any(|l| l.ends_with("pass") && needles.iter().all(|n| l.contains(n)))
+    };
+    for format in [
+        "kv-fp8-e4m3 ",
+        "kv-fp8-e5m2 ",
+        "kv-int8 ",
+        "kv-int4 ",
+        "kv-int8/int4 ",
+        "kv-fp8-e4m3 per-tensor ",
+    ] {
+        for mode in ["paged      decode ", "paged      prefill "] {
+            assert!(passes(&[mode, format]), "no {mode}{format}row:\n{stdout}");
+        }
+    }
+    for case in [
+        "fp8-e4m3 per-row ",
+        "fp8-e4m3 per-tensor ",
+        "fp8-e5m2 per-row ",
+        "fp8-e5m2 per-tensor ",
+        "int8 per-row ",
+        "int4 per-group ",
+    ] {
+        assert!(
+            passes(&["append_kv  ", case]),
+            "no append_kv {case}row:\n{stdout}"
+        );
+    }
     assert!(!stdout.contains("FAIL"), "{stdout}");
     assert!(stdout.contains(" 0 failed"), "{stdout}");
     // Progress goes to stderr, one line per check.
     assert!(stderr.contains("verify ["), "{stderr}");
+}
+
+#[test]
+fn verify_quality_quick_holds_its_bound() {
+    // Contexts 128 and 1024, both key distributions, every format: the GPU's NMSE within twice
+    // the codec's (plus the floor), and the codec numbers ordered as the formats' precision.
+    let o = kvattn(&["verify", "--quality", "--quick", "--json"]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success(),
+        "verify --quality failed:\n{stdout}\n{stderr}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+    assert_eq!(v["head_dim"], 128);
+    let (factor, floor) = (
+        v["bound_factor"].as_f64().unwrap(),
+        v["nmse_floor"].as_f64().unwrap(),
+    );
+    assert!(factor <= 2.0 && floor <= 1e-9, "{factor} {floor}");
+    let rows = v["rows"].as_array().unwrap();
+    let formats = [
+        "f16",
+        "bf16",
+        "fp8-e4m3 per-row",
+        "fp8-e4m3 per-tensor",
+        "fp8-e4m3 per-tensor x2",
+        "fp8-e5m2 per-row",
+        "int8 per-row",
+        "int4 per-group",
+    ];
+    assert_eq!(rows.len(), 2 * formats.len() * 2, "{stdout}");
+    let mut codec: HashMap<(String, String, u64), f64> = HashMap::new();
+    for r in rows {
+        let (gpu, cpu) = (
+            r["gpu_nmse"].as_f64().expect("gpu_nmse"),
+            r["codec_nmse"].as_f64().expect("codec_nmse"),
+        );
+        assert!(r["pass"].as_bool().unwrap(), "{r}");
+        assert!(gpu <= factor * cpu + floor, "{r}");
+        assert!(cpu > 0.0 && cpu < 1.0, "{r}");
+        assert!(r["gpu_max_err"].as_f64().unwrap().is_finite(), "{r}");
+        let key = (
+            r["keys"].as_str().unwrap().to_string(),
+            r["format"].as_str().unwrap().to_string(),
+            r["context"].as_u64().unwrap(),
+        );
+        assert!(formats.contains(&key.1.as_str()), "{r}");
+        assert!([128, 1024].contains(&key.2), "{r}");
+        codec.insert(key, cpu);
+    }
+    for keys in ["gaussian", "outliers"] {
+        for ctx in [128, 1024] {
+            let c = |f: &str| codec[&(keys.to_string(), f.to_string(), ctx)];
+            assert!(c("f16") < c("bf16"), "{keys} {ctx}");
+            assert!(c("bf16") < c("fp8-e4m3 per-row"), "{keys} {ctx}");
+            assert!(
+                c("fp8-e4m3 per-row") < c("fp8-e5m2 per-row"),
+                "{keys} {ctx}"
+            );
+            assert!(c("int8 per-row") < c("int4 per-group"), "{keys} {ctx}");
+        }
+    }
 }

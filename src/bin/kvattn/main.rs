@@ -1,9 +1,11 @@
 //! The `kvattn` command line: `info`, `capacity`, `run` (one kernel on a safetensors case file)
-//! and `verify` (every kernel against the CPU reference).
+//! and `verify` (every kernel against the CPU reference; `--quality`, the quality table of the
+//! KV storage formats).
 
 mod capacity;
 mod case;
 mod info;
+mod quality;
 mod run;
 mod verify;
 

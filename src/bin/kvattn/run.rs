@@ -1,9 +1,12 @@
 //! `kvattn run <op>`: one kernel on tensors from a safetensors case file (DESIGN.md section 9).
 //!
-//! - `attention`: K/V written into a paged cache (physical blocks in shuffled order), then
-//!   attention over it; writes `out` and `lse`.
-//! - `quantize`: the CPU codec's codes and scales of `x` in a KV storage format, and the GPU
-//!   decoder's values; writes `codes`, `scales`, `mins` (int4) and `dequant`.
+//! - `attention`: K/V written into a paged cache of any storage format (quantized on write by
+//!   the GPU encoder; physical blocks in shuffled order), then attention over it; writes `out` and
+//!   `lse`.
+//! - `quantize`: `x` written into a one-layer paged cache of a storage format by the GPU encoder
+//!   and read back; the codes and scales are checked against the CPU codec (an error if they
+//!   differ) and written with the GPU decoder's values: `codes`, `scales`, `mins` (int4) and
+//!   `dequant`.
 //!
 //! Everything that can be checked on the host is checked before the GPU is touched; nothing is
 //! written on error.
@@ -11,13 +14,14 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use kvattn::attention::paged::{paged_attention_host, PagedAttentionArgs, PagedQuery};
+use kvattn::attention::paged::{self, paged_attention_host, PagedAttentionArgs, PagedQuery};
 use kvattn::attention::{AttentionOptions, AttentionShape, RaggedBatch};
 use kvattn::cache::paged::{PagedKvCache, PagedKvConfig, PoolSize};
+use kvattn::cache::scales::CacheScales;
 use kvattn::gpu::Context;
 use kvattn::quant::dequant::dequantize;
 use kvattn::quant::pack::words_to_le_bytes;
-use kvattn::quant::{encode_rows, Int4Params, KvDtype, ScaleMode, INT4_GROUP};
+use kvattn::quant::{encode_rows, EncodedRows, Int4Params, KvDtype, ScaleMode, INT4_GROUP};
 use kvattn::reference::AttentionOutput;
 use kvattn::shader::Precision;
 use kvattn::{Error, Result};
@@ -49,13 +53,14 @@ enum RunOp {
 #[derive(clap::Args)]
 pub struct AttentionArgs {
     /// Case file (safetensors): q, k, v, cu_seqlens_q, cu_seqlens_k; optional sinks,
-    /// alibi_slopes; metadata causal, scale, sliding_window, softcap.
+    /// alibi_slopes; metadata causal, scale, sliding_window, softcap, and k_scale / v_scale
+    /// (static per-tensor FP8 scales of K / V; absent: a scale per token row).
     #[arg(long = "in", value_name = "CASE")]
     input: PathBuf,
     /// Result file (safetensors): out [total_q, Hq, d_v] and lse [total_q, Hq].
     #[arg(long, value_name = "RESULT")]
     out: PathBuf,
-    /// Storage format of K and V: f32 (default), f16, bf16.
+    /// Storage format of K and V: f32 (default), f16, bf16, fp8-e4m3, fp8-e5m2, int8, int4.
     #[arg(long, value_name = "D")]
     kv_dtype: Option<String>,
     /// Storage format of K (overrides --kv-dtype).
@@ -115,9 +120,6 @@ pub fn check_block_size(block_size: usize) -> Result<()> {
     }
 }
 
-/// The storage formats the paged attention kernels read today.
-pub const PAGED_DTYPES: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
-
 /// How to lay a problem out in the paged cache and which kernel variant to run.
 #[derive(Debug, Clone, Copy)]
 pub struct PagedSetup {
@@ -125,6 +127,10 @@ pub struct PagedSetup {
     pub k_dtype: KvDtype,
     /// Storage format of V.
     pub v_dtype: KvDtype,
+    /// Static per-tensor FP8 scale of K (vLLM's `k_scale`); `None`: a scale per token row.
+    pub k_scale: Option<f32>,
+    /// Static per-tensor FP8 scale of V (`v_scale`); `None`: a scale per token row.
+    pub v_scale: Option<f32>,
     /// Tokens per block.
     pub block_size: usize,
     /// Kernel precision.
@@ -133,23 +139,81 @@ pub struct PagedSetup {
     pub seed: u64,
 }
 
-/// Checks the flags alone: the block size and storage formats the paged kernels read.
+impl PagedSetup {
+    /// The scale mode of K.
+    pub fn k_mode(&self) -> ScaleMode {
+        self.k_scale.map_or(ScaleMode::PerRow, ScaleMode::PerTensor)
+    }
+
+    /// The scale mode of V.
+    pub fn v_mode(&self) -> ScaleMode {
+        self.v_scale.map_or(ScaleMode::PerRow, ScaleMode::PerTensor)
+    }
+}
+
+/// The cache scales of a scale mode.
+fn cache_scales(mode: ScaleMode) -> CacheScales {
+    match mode {
+        ScaleMode::PerTensor(s) => CacheScales::PerTensor(vec![s]),
+        ScaleMode::PerRow => CacheScales::PerRow,
+    }
+}
+
+/// Checks the flags alone: the block size, the storage formats the paged kernels read, and
+/// per-tensor scales (FP8 only, positive normal with a normal reciprocal).
 pub fn check_setup(setup: &PagedSetup) -> Result<()> {
     check_block_size(setup.block_size)?;
-    for (name, dtype) in [("K", setup.k_dtype), ("V", setup.v_dtype)] {
-        if !PAGED_DTYPES.contains(&dtype) {
+    for (name, key, dtype, mode) in [
+        ("K", "k_scale", setup.k_dtype, setup.k_mode()),
+        ("V", "v_scale", setup.v_dtype, setup.v_mode()),
+    ] {
+        if !paged::SUPPORTED.contains(&dtype) {
             return Err(invalid(format!(
-                "{name} storage {dtype} is not supported by the paged attention kernels yet \
-                 (quantized attention comes later); use f32, f16 or bf16"
+                "{name} storage {dtype} is not read by the paged attention kernels"
             )));
+        }
+        dtype.check_scale_mode(mode).map_err(|e| match e {
+            Error::InvalidArgument(m) => invalid(format!("metadata {key} ({name} storage): {m}")),
+            other => other,
+        })?;
+    }
+    Ok(())
+}
+
+/// Checks that `x` (`[tokens, heads, d]`) can be stored in `dtype`: int8 and int4 need finite
+/// values, and every int4 group a scale and min within the f16 range (the CPU codec's rules;
+/// FP8 and the float formats take any value).
+fn check_encodable(what: &str, dtype: KvDtype, [heads, d]: [usize; 2], x: &[f32]) -> Result<()> {
+    if !matches!(dtype, KvDtype::Int8 | KvDtype::Int4) {
+        return Ok(());
+    }
+    let at = |i: usize| format!("token {} head {}", i / (heads * d), i / d % heads);
+    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        return Err(invalid(format!(
+            "{what} holds {} at {}; {dtype} storage needs finite values",
+            x[i],
+            at(i)
+        )));
+    }
+    if dtype == KvDtype::Int4 {
+        for (g, group) in x.chunks(INT4_GROUP).enumerate() {
+            let p = Int4Params::for_group(group);
+            if !(p.scale().is_finite() && p.min().is_finite()) {
+                return Err(invalid(format!(
+                    "{what} at {}: the int4 scale or min of a group of {INT4_GROUP} values \
+                     exceeds the f16 range",
+                    at(g * INT4_GROUP)
+                )));
+            }
         }
     }
     Ok(())
 }
 
 /// Host checks of a paged attention problem: the batch itself ([`RaggedBatch::validate`]),
-/// head dims for the storage formats, formats the kernels read, the block size, and
-/// `len_q <= len_k` (the queries of a sequence are its last `len_q` cached tokens).
+/// head dims for the storage formats, formats and scales the kernels read, values the formats
+/// can store, the block size, and `len_q <= len_k` (the queries of a sequence are its last
+/// `len_q` cached tokens).
 pub fn check_paged(
     batch: &RaggedBatch,
     shape: &AttentionShape,
@@ -169,12 +233,15 @@ pub fn check_paged(
             )));
         }
     }
-    Ok(())
+    let hkv = shape.num_kv_heads;
+    check_encodable("k", setup.k_dtype, [hkv, shape.head_dim_qk], batch.k)?;
+    check_encodable("v", setup.v_dtype, [hkv, shape.head_dim_v], batch.v)
 }
 
 /// Writes the batch's K/V into a new paged cache (one layer, prefix caching off, free blocks
-/// shuffled so physical blocks come in scattered order) and runs [`paged_attention_host`] with
-/// every sequence's `len_q` queries. Call [`check_paged`] first.
+/// shuffled so physical blocks come in scattered order; quantized formats are encoded on the
+/// GPU as they are written) and runs [`paged_attention_host`] with every sequence's `len_q`
+/// queries. Call [`check_paged`] first.
 pub fn run_paged(
     ctx: &Context,
     batch: &RaggedBatch,
@@ -192,8 +259,8 @@ pub fn run_paged(
         head_dim_v: shape.head_dim_v,
         k_dtype: setup.k_dtype,
         v_dtype: setup.v_dtype,
-        k_scales: kvattn::cache::scales::CacheScales::PerRow,
-        v_scales: kvattn::cache::scales::CacheScales::PerRow,
+        k_scales: cache_scales(setup.k_mode()),
+        v_scales: cache_scales(setup.v_mode()),
         block_size: setup.block_size,
         prefix_caching: false,
         model_id: String::new(),
@@ -248,9 +315,11 @@ fn adapter_meta(ctx: &Context) -> HashMap<String, String> {
 
 /// `kvattn run attention`.
 fn attention(args: &AttentionArgs) -> Result<()> {
-    let setup = PagedSetup {
+    let mut setup = PagedSetup {
         k_dtype: dtype_flag(&args.k_dtype, &args.kv_dtype)?,
         v_dtype: dtype_flag(&args.v_dtype, &args.kv_dtype)?,
+        k_scale: None,
+        v_scale: None,
         block_size: args.block_size,
         precision: parse_precision(&args.precision)?,
         seed: SHUFFLE_SEED,
@@ -259,6 +328,8 @@ fn attention(args: &AttentionArgs) -> Result<()> {
     let bytes = read_file(&args.input)?;
     let file = CaseFile::parse(&bytes, &args.input)?;
     let case = AttentionCase::from_file(&file)?;
+    setup.k_scale = file.meta_parse("k_scale", "a number (a per-tensor FP8 scale)")?;
+    setup.v_scale = file.meta_parse("v_scale", "a number (a per-tensor FP8 scale)")?;
     let batch = case.batch();
     check_paged(&batch, &case.shape, &case.options, &setup)?;
 
@@ -276,6 +347,11 @@ fn attention(args: &AttentionArgs) -> Result<()> {
         ("v_dtype".to_string(), setup.v_dtype.name().to_string()),
         ("block_size".to_string(), setup.block_size.to_string()),
     ]);
+    for (key, scale) in [("k_scale", setup.k_scale), ("v_scale", setup.v_scale)] {
+        if let Some(s) = scale {
+            meta.insert(key.to_string(), s.to_string());
+        }
+    }
     write_atomic(
         &args.out,
         &[
@@ -286,7 +362,8 @@ fn attention(args: &AttentionArgs) -> Result<()> {
     )
 }
 
-/// `kvattn run quantize`.
+/// `kvattn run quantize`: the CPU codec first (it refuses what the format cannot store), then
+/// the GPU encoder through a paged cache, compared with it.
 fn quantize(args: &QuantizeArgs) -> Result<()> {
     let dtype: KvDtype = args.kv_dtype.parse()?;
     let bytes = read_file(&args.input)?;
@@ -307,19 +384,100 @@ fn quantize(args: &QuantizeArgs) -> Result<()> {
         }
         None => ScaleMode::PerRow,
     };
-    let rows = encode_rows(dtype, d, &x.data, mode)?;
-    quantize_out(args, &rows, [n, h, d])
+    dtype.check_scale_mode(mode)?;
+    let want = encode_rows(dtype, d, &x.data, mode)?;
+    let ctx = Context::new()?;
+    let got = gpu_encode(&ctx, dtype, mode, [n, h, d], &x.data)?;
+    compare_codes(&got, &want, h)?;
+    quantize_out(&ctx, args, &got, [n, h, d])
+}
+
+/// Writes `x` (`[n, H, d]`) as the K and V of `n` tokens of one sequence into a one-layer
+/// paged cache of `dtype` (free blocks shuffled, so token order differs from block order) and
+/// reads the stored K rows back in token order. The V rows, written from the same values,
+/// must equal them.
+fn gpu_encode(
+    ctx: &Context,
+    dtype: KvDtype,
+    mode: ScaleMode,
+    [n, h, d]: [usize; 3],
+    x: &[f32],
+) -> Result<EncodedRows> {
+    let block_size = 16;
+    let config = PagedKvConfig {
+        layers: 1,
+        num_kv_heads: h,
+        head_dim_k: d,
+        head_dim_v: d,
+        k_dtype: dtype,
+        v_dtype: dtype,
+        k_scales: cache_scales(mode),
+        v_scales: cache_scales(mode),
+        block_size,
+        prefix_caching: false,
+        model_id: String::new(),
+    };
+    let needed = n.div_ceil(block_size);
+    let mut cache = PagedKvCache::new(ctx, config, PoolSize::Blocks(needed + needed / 2 + 1))?;
+    cache.shuffle_free_blocks(SHUFFLE_SEED);
+    cache.add_sequence(0, &[])?;
+    let tokens: Vec<u32> = (0..n as u32).collect();
+    cache.append_host(ctx, 0, &tokens, &[x.to_vec()], &[x.to_vec()])?;
+    let (k, v) = cache.read_rows(ctx, 0, 0)?;
+    if k != v {
+        return Err(Error::Gpu(format!(
+            "the {dtype} K and V pools hold different words for the same values"
+        )));
+    }
+    Ok(k)
+}
+
+/// Fails (`Error::Gpu`, saying how many rows differ and the first one) unless the GPU encoder's
+/// rows equal the CPU codec's bit for bit, values and scale words.
+fn compare_codes(got: &EncodedRows, want: &EncodedRows, heads: usize) -> Result<()> {
+    let (d, dtype) = (want.head_dim, want.dtype);
+    let wpr = dtype.words_per_row(d);
+    let spr = dtype.scale_words_per_row(d, want.scale_mode);
+    let rows = want.num_rows();
+    if got.words.len() != want.words.len() || got.scales.len() != want.scales.len() {
+        return Err(Error::Gpu(format!(
+            "the GPU encoder stored {} value words and {} scale words; the CPU codec {} and {}",
+            got.words.len(),
+            got.scales.len(),
+            want.words.len(),
+            want.scales.len()
+        )));
+    }
+    let differs = |r: usize| {
+        got.words[r * wpr..(r + 1) * wpr] != want.words[r * wpr..(r + 1) * wpr]
+            || got.scales[r * spr..(r + 1) * spr] != want.scales[r * spr..(r + 1) * spr]
+    };
+    let bad: Vec<usize> = (0..rows).filter(|&r| differs(r)).collect();
+    match bad.first() {
+        None if got.scale_mode == want.scale_mode => Ok(()),
+        None => Err(Error::Gpu(format!(
+            "the GPU pool's scale mode {:?} is not the requested {:?}",
+            got.scale_mode, want.scale_mode
+        ))),
+        Some(&r) => Err(Error::Gpu(format!(
+            "the GPU encoder's {dtype} codes or scales differ from the CPU codec's in {} of \
+             {rows} rows (first: token {} head {}); nothing written",
+            bad.len(),
+            r / heads,
+            r % heads
+        ))),
+    }
 }
 
 /// Dequantizes `rows` on the GPU and writes the result file of `run quantize`.
 fn quantize_out(
+    ctx: &Context,
     args: &QuantizeArgs,
-    rows: &kvattn::quant::EncodedRows,
+    rows: &EncodedRows,
     [n, h, d]: [usize; 3],
 ) -> Result<()> {
     let dtype = rows.dtype;
-    let ctx = Context::new()?;
-    let dequant = dequantize(&ctx, rows)?;
+    let dequant = dequantize(ctx, rows)?;
     let mut tensors = vec![OutTensor::u8(
         "codes",
         vec![n, h, dtype.bytes_per_row(d)],
@@ -346,10 +504,68 @@ fn quantize_out(
         _ => {}
     }
     tensors.push(OutTensor::f32("dequant", vec![n, h, d], &dequant));
-    let mut meta = adapter_meta(&ctx);
+    let mut meta = adapter_meta(ctx);
     meta.insert("kv_dtype".into(), dtype.name().into());
     if let ScaleMode::PerTensor(s) = rows.scale_mode {
         meta.insert("scale".into(), s.to_string());
     }
     write_atomic(&args.out, &tensors, meta)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_that_differ_from_the_cpu_codec_are_an_error() {
+        let x: Vec<f32> = (0..3 * 2 * 8).map(|i| i as f32 * 0.37 - 5.0).collect();
+        for (dtype, mode) in [
+            (KvDtype::Int8, ScaleMode::PerRow),
+            (KvDtype::Fp8E4M3, ScaleMode::PerTensor(0.5)),
+            (KvDtype::F16, ScaleMode::PerRow),
+        ] {
+            let want = encode_rows(dtype, 8, &x, mode).unwrap();
+            assert!(compare_codes(&want, &want, 2).is_ok());
+            let mut got = want.clone();
+            let wpr = dtype.words_per_row(8);
+            got.words[3 * wpr] ^= 1; // token 1, head 1
+            let err = compare_codes(&got, &want, 2).unwrap_err().to_string();
+            assert!(
+                err.contains("1 of 6 rows") && err.contains("token 1 head 1"),
+                "{err}"
+            );
+            if !want.scales.is_empty() {
+                let mut got = want.clone();
+                got.scales[4] = got.scales[4].wrapping_add(1); // token 2, head 0
+                let err = compare_codes(&got, &want, 2).unwrap_err().to_string();
+                assert!(err.contains("token 2 head 0"), "{err}");
+            }
+            let mut short = want.clone();
+            short.words.pop();
+            assert!(matches!(
+                compare_codes(&short, &want, 2),
+                Err(Error::Gpu(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn values_int_formats_cannot_store_are_refused() {
+        let mut x = vec![1.0f32; 2 * 3 * 32];
+        for dtype in KvDtype::ALL {
+            assert!(check_encodable("k", dtype, [3, 32], &x).is_ok());
+        }
+        x[32 * 4 + 5] = f32::NAN; // token 1, head 1
+        for dtype in KvDtype::ALL {
+            let r = check_encodable("k", dtype, [3, 32], &x);
+            assert_eq!(r.is_err(), matches!(dtype, KvDtype::Int8 | KvDtype::Int4));
+            if let Err(e) = r {
+                assert!(e.to_string().contains("token 1 head 1"), "{e}");
+            }
+        }
+        x[32 * 4 + 5] = 1e6; // beyond f16: the int4 group's scale overflows
+        assert!(check_encodable("v", KvDtype::Int8, [3, 32], &x).is_ok());
+        let e = check_encodable("v", KvDtype::Int4, [3, 32], &x).unwrap_err();
+        assert!(e.to_string().contains("f16 range"), "{e}");
+    }
 }

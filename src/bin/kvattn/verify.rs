@@ -2,13 +2,17 @@
 //! oracles, over a built-in grid; a table of errors; a non-zero exit if anything fails.
 //!
 //! Kernels and oracles:
-//! - `decode` (contiguous decode): [`kvattn::reference::attention`] on the values the kernel
+//! - `decode` (contiguous decode): [`kvattn::reference::attention()`] on the values the kernel
 //!   stores (K/V rounded to the storage format);
-//! - `paged` (attention over the paged cache, decode and prefill batches, free blocks shuffled):
-//!   the same reference; while the kernel is not implemented its rows read "unavailable";
+//! - `paged` (attention over the paged cache, decode and prefill batches, free blocks shuffled,
+//!   every storage format, K and V formats mixed, per-row and per-tensor FP8 scales): the same
+//!   reference on the values the CPU codec stores; while the kernel is not implemented its rows
+//!   read "unavailable";
 //! - `dequant` (the GPU KV decoders): the CPU codec, bit for bit;
-//! - `append_kv` (the paged cache's append, pools split over several bindings): the CPU
-//!   encoder's words, bit for bit.
+//! - `append_kv` (the paged cache's append, quantizing on write, pools split over several
+//!   bindings): the CPU encoder's value and scale words, bit for bit.
+//!
+//! `--quality` runs the quality table of the quantized formats instead (see `quality.rs`).
 //!
 //! Tolerances are the crate's (README "Tolerances"): f32 kernels within
 //! `1e-4 * max(1, max |ref|)`, lse within `1e-4`; f16 kernels within twice the error of an
@@ -22,10 +26,11 @@ use kvattn::attention::decode::{decode_batch, DecodeConfig};
 use kvattn::attention::{AttentionOptions, AttentionShape, RaggedBatch};
 use kvattn::cache::append_kv::SourceDtype;
 use kvattn::cache::paged::{AppendBatch, PagedKvCache, PagedKvConfig, PoolSize};
+use kvattn::cache::scales::CacheScales;
 use kvattn::gpu::{Context, ContextOptions};
 use kvattn::quant::dequant::dequantize;
 use kvattn::quant::pack::pack_halves;
-use kvattn::quant::{decode_rows, encode_rows, KvDtype, ScaleMode};
+use kvattn::quant::{decode_rows, encode_rows, per_tensor_scale, EncodedRows, KvDtype, ScaleMode};
 use kvattn::reference::{self, AttentionOutput};
 use kvattn::shader::Precision;
 use kvattn::{Error, Result};
@@ -35,20 +40,109 @@ use crate::run::{check_paged, run_paged, PagedSetup};
 /// Arguments of `kvattn verify`.
 #[derive(clap::Args)]
 pub struct VerifyArgs {
-    /// A subset of the grid that runs in about a minute on a software adapter.
+    /// A subset of the grid that runs in about a minute on a software adapter (with --quality:
+    /// contexts 128 and 1024 only).
     #[arg(long)]
     quick: bool,
     /// Only the checks of these kernels (decode, paged, dequant, append_kv); repeatable.
-    #[arg(long = "kernel", value_name = "NAME")]
+    #[arg(long = "kernel", value_name = "NAME", conflicts_with = "quality")]
     kernels: Vec<String>,
+    /// Instead of the checks: the quality table of the KV storage formats (NMSE and max error
+    /// of the attention output against f32 KV, by context length, beside the CPU codec's own);
+    /// with --quick only contexts 128 and 1024.
+    #[arg(long)]
+    quality: bool,
+    /// With --quality: print the rows as JSON instead of the table.
+    #[arg(long, requires = "quality")]
+    json: bool,
 }
 
 /// The error the paged kernel returns until it is implemented; rows that get exactly this
 /// error are reported as unavailable, not failed.
 const PAGED_UNIMPLEMENTED: &str = "paged attention is not implemented yet";
 
-/// Storage formats the attention kernels read.
+/// Unscaled storage formats: every attention kernel reads them.
 const ATTN_DTYPES: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
+
+/// Quantized storage of the paged checks: every quantized format, per-tensor FP8, and K and V
+/// in different formats.
+const QUANT_FORMATS: [KvFormat; 7] = [
+    KvFormat::same(KvDtype::Fp8E4M3),
+    KvFormat::same(KvDtype::Int8),
+    KvFormat::same(KvDtype::Int4),
+    KvFormat::same(KvDtype::Fp8E5M2),
+    KvFormat::mixed(KvDtype::Int8, KvDtype::Int4),
+    KvFormat::per_tensor(KvDtype::Fp8E4M3),
+    KvFormat::per_tensor(KvDtype::Fp8E5M2),
+];
+
+/// How the K and V of an attention check are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct KvFormat {
+    k: KvDtype,
+    v: KvDtype,
+    /// FP8 with static per-tensor scales calibrated on the problem's K and V (amax / format max);
+    /// otherwise scales per token row.
+    per_tensor: bool,
+}
+
+impl KvFormat {
+    const fn same(dtype: KvDtype) -> Self {
+        Self {
+            k: dtype,
+            v: dtype,
+            per_tensor: false,
+        }
+    }
+
+    const fn mixed(k: KvDtype, v: KvDtype) -> Self {
+        Self {
+            k,
+            v,
+            per_tensor: false,
+        }
+    }
+
+    const fn per_tensor(dtype: KvDtype) -> Self {
+        Self {
+            k: dtype,
+            v: dtype,
+            per_tensor: true,
+        }
+    }
+
+    /// Whether both head dims are ones the formats store.
+    fn fits(&self, shape: &AttentionShape) -> bool {
+        self.k.check_head_dim(shape.head_dim_qk).is_ok()
+            && self.v.check_head_dim(shape.head_dim_v).is_ok()
+    }
+
+    /// The scale modes of K and V for the problem's data.
+    fn modes(&self, k: &[f32], v: &[f32]) -> Result<(ScaleMode, ScaleMode)> {
+        let mode = |dtype: KvDtype, x: &[f32]| -> Result<ScaleMode> {
+            if self.per_tensor && dtype.fp8_format().is_some() {
+                Ok(ScaleMode::PerTensor(per_tensor_scale(dtype, x, 1.0)?))
+            } else {
+                Ok(ScaleMode::PerRow)
+            }
+        };
+        Ok((mode(self.k, k)?, mode(self.v, v)?))
+    }
+}
+
+impl std::fmt::Display for KvFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.k == self.v {
+            write!(f, "{}", self.k)?;
+        } else {
+            write!(f, "{}/{}", self.k, self.v)?;
+        }
+        if self.per_tensor {
+            f.write_str(" per-tensor")?;
+        }
+        Ok(())
+    }
+}
 
 /// Key lengths of the sequences of every decode batch.
 const CONTEXTS: [usize; 4] = [1, 17, 97, 1000];
@@ -120,7 +214,7 @@ enum Check {
     },
     Paged {
         problem: Problem,
-        dtype: KvDtype,
+        format: KvFormat,
         precision: Precision,
         block_size: usize,
     },
@@ -134,6 +228,7 @@ enum Check {
         head_dim: usize,
         block_size: usize,
         src: SourceDtype,
+        per_tensor: bool,
     },
 }
 
@@ -152,10 +247,10 @@ impl Check {
         match self {
             Check::Decode {
                 dtype, precision, ..
-            }
-            | Check::Paged {
-                dtype, precision, ..
             } => format!("{} kv {dtype}, {} math", self.kernel(), precision.name()),
+            Check::Paged {
+                format, precision, ..
+            } => format!("{} kv {format}, {} math", self.kernel(), precision.name()),
             Check::Dequant { dtype, .. } | Check::AppendKv { dtype, .. } => {
                 format!("{} {dtype}", self.kernel())
             }
@@ -189,7 +284,7 @@ impl Check {
             }
             Check::Paged {
                 problem,
-                dtype,
+                format,
                 precision,
                 block_size,
             } => {
@@ -210,7 +305,7 @@ impl Check {
                     "prefill"
                 };
                 format!(
-                    "{mode} {} kv-{dtype} {} bs{block_size} q/k {}{}",
+                    "{mode} {} kv-{format} {} bs{block_size} q/k {}{}",
                     shape_name(problem),
                     precision.name(),
                     lens.join(","),
@@ -235,12 +330,19 @@ impl Check {
                 head_dim,
                 block_size,
                 src,
+                per_tensor,
             } => {
                 let src = match src {
                     SourceDtype::F32 => "f32",
                     SourceDtype::F16 => "f16",
                 };
-                format!("{dtype} d{head_dim} h{APPEND_KV_HEADS} bs{block_size} from {src}")
+                let scale = match (dtype.is_quantized(), per_tensor) {
+                    (false, _) => "",
+                    (true, true) => " per-tensor",
+                    (true, false) if *dtype == KvDtype::Int4 => " per-group",
+                    (true, false) => " per-row",
+                };
+                format!("{dtype}{scale} d{head_dim} h{APPEND_KV_HEADS} bs{block_size} from {src}")
             }
         }
     }
@@ -258,29 +360,63 @@ fn grid(quick: bool, precisions: &[Precision]) -> Vec<Check> {
         head_dim_qk: d,
         head_dim_v: dv,
     };
-    // (head dim, query heads, KV heads, storage format): every shape, or a few in quick mode.
+    // (shape, storage): every shape in every unscaled format, and each quantized storage on one
+    // heads configuration per head dim (in turn); a few in quick mode.
     let heads: [(usize, usize); 4] = [(4, 4), (16, 4), (32, 4), (8, 1)];
-    let mut shapes: Vec<(AttentionShape, KvDtype)> = Vec::new();
+    let mut shapes: Vec<(AttentionShape, KvFormat)> = Vec::new();
     if quick {
-        shapes.push((shape(64, 64, 4, 4), KvDtype::F32));
-        shapes.push((shape(80, 80, 8, 1), KvDtype::Bf16));
-        shapes.push((shape(128, 128, 16, 2), KvDtype::F16));
+        let (s64, s80, s128) = (
+            shape(64, 64, 4, 4),
+            shape(80, 80, 8, 1),
+            shape(128, 128, 16, 2),
+        );
+        shapes.push((s64, KvFormat::same(KvDtype::F32)));
+        shapes.push((s80, KvFormat::same(KvDtype::Bf16)));
+        shapes.push((s128, KvFormat::same(KvDtype::F16)));
+        // Quantized storage on small shapes (GQA 4 where it matters); `verify --quality` runs
+        // head dim 128.
+        let gqa = shape(64, 64, 8, 2);
+        shapes.push((s64, KvFormat::same(KvDtype::Fp8E4M3)));
+        shapes.push((s80, KvFormat::same(KvDtype::Int8)));
+        shapes.push((gqa, KvFormat::same(KvDtype::Int4)));
+        shapes.push((s64, KvFormat::same(KvDtype::Fp8E5M2)));
+        shapes.push((gqa, KvFormat::mixed(KvDtype::Int8, KvDtype::Int4)));
+        shapes.push((gqa, KvFormat::per_tensor(KvDtype::Fp8E4M3)));
     } else {
+        let mut turn = 0;
         for d in [64, 80, 96, 128, 256] {
             for &(hq, hkv) in &heads {
                 for dtype in ATTN_DTYPES {
-                    shapes.push((shape(d, d, hq, hkv), dtype));
+                    shapes.push((shape(d, d, hq, hkv), KvFormat::same(dtype)));
+                }
+            }
+            for format in QUANT_FORMATS {
+                let (hq, hkv) = heads[turn % heads.len()];
+                turn += 1;
+                let s = shape(d, d, hq, hkv);
+                if format.fits(&s) {
+                    shapes.push((s, format));
                 }
             }
         }
-        shapes.push((shape(192, 128, 8, 2), KvDtype::F16));
+        shapes.push((shape(192, 128, 8, 2), KvFormat::same(KvDtype::F16)));
+        shapes.push((
+            shape(192, 128, 8, 2),
+            KvFormat::mixed(KvDtype::Fp8E4M3, KvDtype::Int4),
+        ));
     }
     let options_shape = shape(128, 128, 16, 4);
     let option_sets = [Opts::WindowSoftcap, Opts::AlibiSinks];
 
     let mut checks = Vec::new();
-    // Contiguous decode.
-    for &(s, dtype) in &shapes {
+    // Contiguous decode: the unscaled formats it reads.
+    for &(s, format) in &shapes {
+        if format.per_tensor
+            || format.k != format.v
+            || !kvattn::attention::decode::SUPPORTED.contains(&format.k)
+        {
+            continue;
+        }
         for &precision in precisions {
             checks.push(Check::Decode {
                 problem: Problem {
@@ -288,7 +424,7 @@ fn grid(quick: bool, precisions: &[Precision]) -> Vec<Check> {
                     lens: decode_lens.clone(),
                     opts: Opts::Plain,
                 },
-                dtype,
+                dtype: format.k,
                 precision,
             });
         }
@@ -313,23 +449,50 @@ fn grid(quick: bool, precisions: &[Precision]) -> Vec<Check> {
         b += 1;
         block_sizes[(b - 1) % block_sizes.len()]
     };
-    for &(s, dtype) in &shapes {
+    // Quick mode runs each quantized storage in one precision, in turn (every new storage
+    // format is a pipeline to compile, the bulk of a check's time on a software adapter).
+    let mut quant_turn = 0;
+    for &(s, format) in &shapes {
+        let format_precisions: Vec<Precision> = if quick && format.k.is_quantized() {
+            quant_turn += 1;
+            vec![precisions[(quant_turn - 1) % precisions.len()]]
+        } else {
+            precisions.to_vec()
+        };
         for lens in [&decode_lens, &prefill_lens] {
-            for &precision in precisions {
+            for &precision in &format_precisions {
                 checks.push(Check::Paged {
                     problem: Problem {
                         shape: s,
                         lens: lens.clone(),
                         opts: Opts::Plain,
                     },
-                    dtype,
+                    format,
                     precision,
                     block_size: next_block(),
                 });
             }
         }
     }
-    for opts in option_sets.into_iter().chain([Opts::NonCausal]) {
+    // Options, in bf16 and (full grid) a quantized storage each.
+    let option_formats: &[(Opts, KvFormat)] = if quick {
+        &[]
+    } else {
+        &[
+            (
+                Opts::WindowSoftcap,
+                KvFormat::mixed(KvDtype::Int8, KvDtype::Int4),
+            ),
+            (Opts::AlibiSinks, KvFormat::per_tensor(KvDtype::Fp8E4M3)),
+            (Opts::NonCausal, KvFormat::same(KvDtype::Int4)),
+        ]
+    };
+    let option_checks = option_sets
+        .into_iter()
+        .chain([Opts::NonCausal])
+        .map(|o| (o, KvFormat::same(KvDtype::Bf16)))
+        .chain(option_formats.iter().copied());
+    for (opts, format) in option_checks {
         for lens in [&decode_lens, &prefill_lens] {
             for &precision in precisions {
                 checks.push(Check::Paged {
@@ -338,7 +501,7 @@ fn grid(quick: bool, precisions: &[Precision]) -> Vec<Check> {
                         lens: lens.clone(),
                         opts,
                     },
-                    dtype: KvDtype::Bf16,
+                    format,
                     precision,
                     block_size: next_block(),
                 });
@@ -370,7 +533,7 @@ fn grid(quick: bool, precisions: &[Precision]) -> Vec<Check> {
             }
         }
     }
-    // Appends into the paged cache.
+    // Appends into the paged cache: every format, per-row and per-tensor FP8 scales.
     let appends: Vec<(usize, usize)> = if quick {
         vec![(128, 16)]
     } else {
@@ -378,14 +541,25 @@ fn grid(quick: bool, precisions: &[Precision]) -> Vec<Check> {
         vec![(64, 1), (80, 16), (128, 16), (256, 32)]
     };
     for (head_dim, block_size) in appends {
-        for dtype in ATTN_DTYPES {
-            for src in [SourceDtype::F32, SourceDtype::F16] {
-                checks.push(Check::AppendKv {
-                    dtype,
-                    head_dim,
-                    block_size,
-                    src,
-                });
+        for dtype in KvDtype::ALL {
+            if dtype.check_head_dim(head_dim).is_err() {
+                continue;
+            }
+            let modes: &[bool] = if dtype.fp8_format().is_some() {
+                &[false, true]
+            } else {
+                &[false]
+            };
+            for &per_tensor in modes {
+                for src in [SourceDtype::F32, SourceDtype::F16] {
+                    checks.push(Check::AppendKv {
+                        dtype,
+                        head_dim,
+                        block_size,
+                        src,
+                        per_tensor,
+                    });
+                }
             }
         }
     }
@@ -426,14 +600,14 @@ impl Outcome {
 }
 
 /// xorshift64*: deterministic test data without dependencies.
-struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
 
-    fn uniform(&mut self) -> f64 {
+    pub(crate) fn uniform(&mut self) -> f64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -441,7 +615,7 @@ impl Rng {
     }
 
     /// `n` standard normal values (Box-Muller) times `scale`.
-    fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
+    pub(crate) fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n)
             .map(|_| {
                 let u1 = self.uniform().max(1e-300);
@@ -454,7 +628,7 @@ impl Rng {
 }
 
 /// Largest absolute difference; NaN anywhere counts as infinite.
-fn max_abs_err(got: &[f32], want: &[f32]) -> f64 {
+pub(crate) fn max_abs_err(got: &[f32], want: &[f32]) -> f64 {
     if got.len() != want.len() {
         return f64::INFINITY;
     }
@@ -473,7 +647,7 @@ fn max_abs_err(got: &[f32], want: &[f32]) -> f64 {
 }
 
 /// `sum (got - want)^2 / sum want^2` (0 when both are all zero); NaN anywhere counts as infinite.
-fn nmse(got: &[f32], want: &[f32]) -> f64 {
+pub(crate) fn nmse(got: &[f32], want: &[f32]) -> f64 {
     if got.len() != want.len() || got.iter().chain(want).any(|x| x.is_nan()) {
         return f64::INFINITY;
     }
@@ -489,9 +663,9 @@ fn nmse(got: &[f32], want: &[f32]) -> f64 {
     }
 }
 
-/// The values a kernel reads back from `dtype` storage.
-fn stored(dtype: KvDtype, head_dim: usize, x: &[f32]) -> Result<Vec<f32>> {
-    decode_rows(&encode_rows(dtype, head_dim, x, ScaleMode::PerRow)?)
+/// The values a kernel reads back from `dtype` storage with scales `mode`.
+fn stored(dtype: KvDtype, head_dim: usize, x: &[f32], mode: ScaleMode) -> Result<Vec<f32>> {
+    decode_rows(&encode_rows(dtype, head_dim, x, mode)?)
 }
 
 fn to_f16(x: &[f32]) -> Vec<f32> {
@@ -645,22 +819,23 @@ const APPEND_BINDING_CAP: u64 = 64 << 10;
 const APPEND_KV_HEADS: usize = 2;
 
 impl Verifier {
-    /// Compares an attention kernel's output with the reference on the stored values, with the
-    /// tolerance of `precision`.
+    /// Compares an attention kernel's output with the reference on the stored values (K and V
+    /// in `format` with scales `modes`, encoded by the CPU codec), with the tolerance of
+    /// `precision`.
     fn judge_attention(
         &mut self,
         got: &AttentionOutput,
         data: &ProblemData,
         problem: &Problem,
-        dtype: KvDtype,
+        (format, modes): (KvFormat, (ScaleMode, ScaleMode)),
         precision: Precision,
     ) -> Result<Outcome> {
         let s = &problem.shape;
         let opts = problem.opts.options(s.num_q_heads);
-        let k = stored(dtype, s.head_dim_qk, &data.k)?;
-        let v = stored(dtype, s.head_dim_v, &data.v)?;
+        let k = stored(format.k, s.head_dim_qk, &data.k, modes.0)?;
+        let v = stored(format.v, s.head_dim_v, &data.v, modes.1)?;
         let batch = data.batch(&k, &v);
-        let key = format!("{problem:?} {dtype}");
+        let key = format!("{problem:?} {format}");
         if !self.oracles.contains_key(&key) {
             let want = reference::attention(&batch, s, &opts)?;
             self.oracles.insert(key.clone(), Oracle { want, f16: None });
@@ -713,22 +888,33 @@ impl Verifier {
                     precision: *precision,
                 };
                 let batch = data.batch(&data.k, &data.v);
+                let storage = (
+                    KvFormat::same(*dtype),
+                    (ScaleMode::PerRow, ScaleMode::PerRow),
+                );
                 match decode_batch(&self.ctx, &batch, &problem.shape, &opts, &config) {
-                    Ok(got) => self.judge_attention(&got, &data, problem, *dtype, *precision),
+                    Ok(got) => self.judge_attention(&got, &data, problem, storage, *precision),
                     Err(e) => Ok(Outcome::unmeasured(Status::Fail, e.to_string())),
                 }
             }
             Check::Paged {
                 problem,
-                dtype,
+                format,
                 precision,
                 block_size,
             } => {
                 let data = ProblemData::new(problem, seed_of(&format!("{problem:?}")));
                 let opts = problem.opts.options(problem.shape.num_q_heads);
+                let modes = format.modes(&data.k, &data.v)?;
+                let tensor_scale = |m: ScaleMode| match m {
+                    ScaleMode::PerTensor(s) => Some(s),
+                    ScaleMode::PerRow => None,
+                };
                 let setup = PagedSetup {
-                    k_dtype: *dtype,
-                    v_dtype: *dtype,
+                    k_dtype: format.k,
+                    v_dtype: format.v,
+                    k_scale: tensor_scale(modes.0),
+                    v_scale: tensor_scale(modes.1),
                     block_size: *block_size,
                     precision: *precision,
                     seed,
@@ -736,8 +922,9 @@ impl Verifier {
                 let batch = data.batch(&data.k, &data.v);
                 let result = check_paged(&batch, &problem.shape, &opts, &setup)
                     .and_then(|()| run_paged(&self.ctx, &batch, &problem.shape, &opts, &setup));
+                let storage = (*format, modes);
                 match result {
-                    Ok(got) => self.judge_attention(&got, &data, problem, *dtype, *precision),
+                    Ok(got) => self.judge_attention(&got, &data, problem, storage, *precision),
                     Err(Error::InvalidArgument(m)) if m == PAGED_UNIMPLEMENTED => {
                         Ok(Outcome::unmeasured(Status::Unavailable, m))
                     }
@@ -754,7 +941,17 @@ impl Verifier {
                 head_dim,
                 block_size,
                 src,
-            } => self.append_kv(*dtype, *head_dim, *block_size, *src, seed),
+                per_tensor,
+            } => self.append_kv(
+                AppendCase {
+                    dtype: *dtype,
+                    d: *head_dim,
+                    block_size: *block_size,
+                    src: *src,
+                    per_tensor: *per_tensor,
+                },
+                seed,
+            ),
         }
     }
 
@@ -781,15 +978,17 @@ impl Verifier {
     }
 
     /// Appends three sequences in two interleaved rounds into a cache whose pools span several
-    /// buffers, free blocks shuffled, and compares the stored words with the CPU encoder's.
-    fn append_kv(
-        &mut self,
-        dtype: KvDtype,
-        d: usize,
-        block_size: usize,
-        src: SourceDtype,
-        seed: u64,
-    ) -> Result<Outcome> {
+    /// buffers, free blocks shuffled, and compares the stored value and scale words with the CPU
+    /// encoder's. The data holds edge rows (see [`edge_rows`]); per-tensor FP8 scales are
+    /// calibrated on the first sequence only, so later values saturate.
+    fn append_kv(&mut self, case: AppendCase, seed: u64) -> Result<Outcome> {
+        let AppendCase {
+            dtype,
+            d,
+            block_size,
+            src,
+            per_tensor,
+        } = case;
         if self.capped.is_none() {
             self.capped = Some(Context::with_options(&ContextOptions {
                 max_storage_binding_cap: Some(APPEND_BINDING_CAP),
@@ -805,15 +1004,34 @@ impl Verifier {
             .iter()
             .map(|&n| (rng.normals(n * row, 1.5), rng.normals(n * row, 1.5)))
             .collect();
+        if dtype.is_quantized() {
+            let (k, v) = &mut data[2];
+            edge_rows(dtype, d, k, &mut rng);
+            edge_rows(dtype, d, &mut v[row..], &mut rng);
+        }
         if src == SourceDtype::F16 {
             for (k, v) in &mut data {
                 *k = to_f16(k);
                 *v = to_f16(v);
             }
         }
+        let mode = |x: &[f32]| -> Result<ScaleMode> {
+            Ok(if per_tensor {
+                ScaleMode::PerTensor(per_tensor_scale(dtype, x, 1.0)?)
+            } else {
+                ScaleMode::PerRow
+            })
+        };
+        let (k_mode, v_mode) = (mode(&data[0].0)?, mode(&data[0].1)?);
+        let scales = |m: ScaleMode| match m {
+            ScaleMode::PerTensor(s) => CacheScales::PerTensor(vec![s]),
+            ScaleMode::PerRow => CacheScales::PerRow,
+        };
         let config = PagedKvConfig {
             block_size,
             prefix_caching: false,
+            k_scales: scales(k_mode),
+            v_scales: scales(v_mode),
             ..PagedKvConfig::new(1, hkv, d, dtype)
         };
         // At least twice the blocks needed, and enough for three or more buffers.
@@ -870,24 +1088,40 @@ impl Verifier {
             }
         }
         let (mut got, mut want) = (Vec::new(), Vec::new());
-        let mut mismatched = 0usize;
+        let (mut mismatched, mut scale_mismatched) = (0usize, 0usize);
+        let differ = |a: &[u32], b: &[u32]| {
+            a.iter().zip(b).filter(|(x, y)| x != y).count() + a.len().abs_diff(b.len())
+        };
         for (s, (k, v)) in data.iter().enumerate() {
-            let (gk, gv) = cache.read_words(ctx, s as u64, 0)?;
-            let ek = encode_rows(dtype, d, k, ScaleMode::PerRow)?;
-            let ev = encode_rows(dtype, d, v, ScaleMode::PerRow)?;
+            let (gk, gv) = cache.read_rows(ctx, s as u64, 0)?;
+            let ek = encode_rows(dtype, d, k, k_mode)?;
+            let ev = encode_rows(dtype, d, v, v_mode)?;
             for (g, e) in [(gk, ek), (gv, ev)] {
-                mismatched += g.iter().zip(&e.words).filter(|(a, b)| a != b).count()
-                    + g.len().abs_diff(e.words.len());
+                mismatched += differ(&g.words, &e.words);
+                scale_mismatched += differ(&g.scales, &e.scales);
+                if g.scale_mode != e.scale_mode {
+                    scale_mismatched += 1;
+                }
                 want.extend(decode_rows(&e)?);
-                let g = kvattn::quant::EncodedRows { words: g, ..e };
+                // Decoded with the CPU's scales where the GPU's are malformed.
+                let g = EncodedRows {
+                    words: g.words,
+                    scales: if g.scales.len() == e.scales.len() {
+                        g.scales
+                    } else {
+                        e.scales.clone()
+                    },
+                    ..e
+                };
                 got.extend(decode_rows(&g)?);
             }
         }
         let mut outcome = exact_outcome(&got, &want);
-        if mismatched > 0 {
+        if mismatched + scale_mismatched > 0 {
             outcome.status = Status::Fail;
             outcome.note = Some(format!(
-                "{mismatched} stored words differ from the CPU encoder's"
+                "{mismatched} stored value words and {scale_mismatched} scale words differ from \
+                 the CPU encoder's"
             ));
         }
         if buffers < 3 {
@@ -897,6 +1131,59 @@ impl Verifier {
         }
         Ok(outcome)
     }
+}
+
+/// One append check.
+#[derive(Debug, Clone, Copy)]
+struct AppendCase {
+    dtype: KvDtype,
+    d: usize,
+    block_size: usize,
+    src: SourceDtype,
+    per_tensor: bool,
+}
+
+/// Overwrites the first token rows of `x` (rows of `d` values, at least 4 rows) with the edge
+/// cases of a quantized `dtype`: a zero row; a row whose largest magnitude is the format's
+/// largest value (scale 1) holding exact ties between adjacent codes (rounded to even), subnormal
+/// FP8 values and their ties; a row of tiny values; a row with one huge outlier, so that the
+/// others fall into the subnormal range.
+fn edge_rows(dtype: KvDtype, d: usize, x: &mut [f32], rng: &mut Rng) {
+    let rows: Vec<&mut [f32]> = x.chunks_mut(d).take(4).collect();
+    let [zero, ties, tiny, outlier] = <[&mut [f32]; 4]>::try_from(rows).expect("4 rows");
+    zero.fill(0.0);
+    // Ties: the midpoint of two adjacent representable values, for a range of exponents.
+    let (max, mantissa_bits, min_exp) = match dtype.fp8_format() {
+        Some(f) => (
+            f.max_value(),
+            if dtype == KvDtype::Fp8E4M3 { 3 } else { 2 },
+            if dtype == KvDtype::Fp8E4M3 { -9 } else { -16 },
+        ),
+        None => (127.0, 0, 0),
+    };
+    for (i, t) in ties.iter_mut().enumerate() {
+        let sign = if i % 2 == 0 { 1.0 } else { -1.0 };
+        *t = sign
+            * if dtype.fp8_format().is_some() {
+                // (1 + (2m + 1) / 2^(mb + 1)) * 2^e, e from the subnormal range up, and
+                // (2m + 1) * 2^(min_exp - 1) (ties between subnormals).
+                let m = (i / 2) % (1 << mantissa_bits);
+                let e = min_exp + (i / 7) as i32 % (12 - min_exp);
+                if i % 5 == 4 {
+                    (2 * m + 1) as f32 * 2f32.powi(min_exp - 1)
+                } else {
+                    (1.0 + (2 * m + 1) as f32 / (2 << mantissa_bits) as f32) * 2f32.powi(e)
+                }
+            } else {
+                (i % 120) as f32 + 0.5
+            };
+    }
+    ties[0] = max;
+    ties[1] = -max;
+    for t in tiny.iter_mut() {
+        *t = rng.normals(1, 1e-3)[0];
+    }
+    outlier[d / 2] = 3e3;
 }
 
 /// A bit-exact comparison: pass iff every value has the same bits.
@@ -927,6 +1214,9 @@ fn fmt_err(x: f64) -> String {
 
 /// Runs `kvattn verify`; `Ok(false)` when some check failed (the table says which).
 pub fn run(args: &VerifyArgs) -> Result<bool> {
+    if args.quality {
+        return crate::quality::run(args.quick, args.json);
+    }
     const KERNELS: [&str; 4] = ["decode", "paged", "dequant", "append_kv"];
     if let Some(bad) = args.kernels.iter().find(|k| !KERNELS.contains(&k.as_str())) {
         return Err(Error::InvalidArgument(format!(
@@ -1051,11 +1341,12 @@ fn print_table(rows: &[(&Check, String, Outcome)]) {
     }
     if !groups.is_empty() {
         println!("largest errors:");
+        let w = groups.iter().map(|g| g.0.len()).max().unwrap_or(0).max(28);
         for (g, e, l) in groups {
             if l.is_nan() {
-                println!("  {g:<28} out {}", fmt_err(e));
+                println!("  {g:<w$} out {}", fmt_err(e));
             } else {
-                println!("  {g:<28} out {}  lse {}", fmt_err(e), fmt_err(l));
+                println!("  {g:<w$} out {}  lse {}", fmt_err(e), fmt_err(l));
             }
         }
     }
