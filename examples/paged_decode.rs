@@ -2,7 +2,7 @@
 //! measured in the same run.
 //!
 //! `cargo run --release --example paged_decode [-- --seqs 4 --contexts 4096,16384
-//!  --kv-dtypes f16,fp8-e4m3,int8,int4 --precisions f32,f16 --copy-mib 256]`
+//!  --kv-dtypes f16,fp8-e4m3,int8,int4 --precisions f32,f16 --copy-mib 256 --rounds 3]`
 //!
 //! GQA 32/8, head dim 128, block size 16, scales per token row. The decode kernel reads every K
 //! and V row of the batch once per group tile (the whole group of 4 query heads fits one tile),
@@ -11,7 +11,8 @@
 //! is a kernel of independent f32 FMAs. The roofline time of a case is
 //! `max(bytes / copy bandwidth, flops / FMA rate)` with the standard attention count of
 //! `4 * query heads * head dim * context` FLOPs per query token. Times are wall clock around a
-//! queue wait, the best of several runs; each format's time is also given as a ratio to f16's.
+//! queue wait; the cases are timed in turn over several rounds and each keeps its best, so that
+//! load on the machine hits them alike; each format's time is also given as a ratio to f16's.
 
 use std::time::Instant;
 
@@ -128,6 +129,41 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     (groups as f64 * 64.0 * 4.0 * 4.0 * 256.0 * 2.0) / secs
 }
 
+/// A one-layer cache of `dtype` (GQA 8 KV heads, head dim 128, block 16) holding `seqs`
+/// sequences of `len` tokens, written by GPU appends of 2,048 tokens at a time.
+fn filled_cache(
+    ctx: &Context,
+    dtype: KvDtype,
+    seqs: usize,
+    len: usize,
+) -> kvattn::Result<PagedKvCache> {
+    let config = PagedKvConfig {
+        prefix_caching: false,
+        ..PagedKvConfig::new(1, 8, 128, dtype)
+    };
+    let blocks = seqs * len.div_ceil(16);
+    let mut cache = PagedKvCache::new(ctx, config, PoolSize::Blocks(blocks))?;
+    let chunk = 2048.min(len);
+    let values: Vec<f32> = (0..chunk * 8 * 128)
+        .map(|i| ((i * 2654435761usize) % 1000) as f32 * 1e-3 - 0.5)
+        .collect();
+    let src = ctx.upload("src", &values)?;
+    for s in 0..seqs as u64 {
+        cache.add_sequence(s, &[])?;
+        let mut done = 0;
+        while done < len {
+            let n = chunk.min(len - done);
+            let mut batch = AppendBatch::new();
+            cache.append_tokens(ctx, &mut batch, s, &vec![0; n])?;
+            let pools = cache.layer(0)?;
+            append_kv(ctx, &pools.k, &src, SourceDtype::F32, batch.slots())?;
+            append_kv(ctx, &pools.v, &src, SourceDtype::F32, batch.slots())?;
+            done += n;
+        }
+    }
+    Ok(cache)
+}
+
 fn main() -> kvattn::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let value = |flag: &str, default: &str| -> String {
@@ -200,39 +236,14 @@ fn main() -> kvattn::Result<()> {
         "roofline",
         "vs f16"
     );
+    let mut cases_caches: Vec<PagedKvCache> = Vec::new();
+    let rounds: usize = value("--rounds", "3").parse().expect("--rounds N");
     for &len in &contexts {
-        // f16 time per precision, for the ratios.
-        let mut f16_secs: Vec<Option<f64>> = vec![None; precisions.len()];
+        // Every format's cache first, then rounds that time each (format, precision) in turn,
+        // keeping each case's best: load changes on the machine hit every case alike.
+        let mut cases = Vec::new();
         for &dtype in &dtypes {
-            let config = PagedKvConfig {
-                prefix_caching: false,
-                ..PagedKvConfig::new(1, 8, 128, dtype)
-            };
-            let blocks = seqs * len.div_ceil(16);
-            let mut cache = PagedKvCache::new(&ctx, config, PoolSize::Blocks(blocks))?;
-            // Fill every sequence with one GPU-side append per chunk.
-            let chunk = 2048.min(len);
-            let values: Vec<f32> = (0..chunk * 8 * 128)
-                .map(|i| ((i * 2654435761usize) % 1000) as f32 * 1e-3 - 0.5)
-                .collect();
-            let src = ctx.upload("src", &values)?;
-            for s in 0..seqs as u64 {
-                cache.add_sequence(s, &[])?;
-                let mut done = 0;
-                while done < len {
-                    let n = chunk.min(len - done);
-                    let mut batch = AppendBatch::new();
-                    cache.append_tokens(&ctx, &mut batch, s, &vec![0; n])?;
-                    let pools = cache.layer(0)?;
-                    append_kv(&ctx, &pools.k, &src, SourceDtype::F32, batch.slots())?;
-                    append_kv(&ctx, &pools.v, &src, SourceDtype::F32, batch.slots())?;
-                    done += n;
-                }
-            }
-            let queries: Vec<PagedQuery> = (0..seqs as u64)
-                .map(|seq| PagedQuery { seq, len_q: 1 })
-                .collect();
-            let opts = AttentionOptions::default();
+            let cache = filled_cache(&ctx, dtype, seqs, len)?;
             // Bytes the kernel must read: every K and V row of the batch with its scales.
             let row_bytes = |l: kvattn::cache::pool::PoolLayout| {
                 4 * (l.words_per_row() + l.scale_words_per_row())
@@ -240,44 +251,64 @@ fn main() -> kvattn::Result<()> {
             let c = cache.config();
             let kv_bytes =
                 (seqs * len * 8 * (row_bytes(c.k_layout()) + row_bytes(c.v_layout()))) as f64;
-            let flops = (4 * 32 * 128 * len * seqs) as f64;
-            let roofline = (kv_bytes / ceiling).max(flops / flops_peak);
-            for (pi, &precision) in precisions.iter().enumerate() {
-                let args = PagedAttentionArgs {
-                    layer: 0,
-                    batch: &queries,
-                    shape,
-                    options: &opts,
-                    precision,
-                };
-                let plan = PagedAttentionPlan::new(&ctx, &cache, &args)?;
-                let q = ctx.filled("q", seqs * 32 * 128, 0.02f32)?;
-                let out = ctx.filled("out", seqs * 32 * 128, 0.0f32)?;
-                let lse = ctx.filled("lse", seqs * 32, 0.0f32)?;
-                let secs = best_of(5, &ctx, || {
-                    plan.run(&ctx, &cache, 0, &q, &out, &lse).unwrap()
+            for &precision in &precisions {
+                cases.push((dtype, precision, kv_bytes, f64::INFINITY));
+            }
+            cases_caches.push(cache);
+        }
+        let queries: Vec<PagedQuery> = (0..seqs as u64)
+            .map(|seq| PagedQuery { seq, len_q: 1 })
+            .collect();
+        let opts = AttentionOptions::default();
+        let q = ctx.filled("q", seqs * 32 * 128, 0.02f32)?;
+        let out = ctx.filled("out", seqs * 32 * 128, 0.0f32)?;
+        let lse = ctx.filled("lse", seqs * 32, 0.0f32)?;
+        let mut plans = Vec::new();
+        for (i, &(_, precision, _, _)) in cases.iter().enumerate() {
+            let args = PagedAttentionArgs {
+                layer: 0,
+                batch: &queries,
+                shape,
+                options: &opts,
+                precision,
+            };
+            let cache = &cases_caches[i / precisions.len()];
+            plans.push(PagedAttentionPlan::new(&ctx, cache, &args)?);
+        }
+        for _ in 0..rounds {
+            for (i, case) in cases.iter_mut().enumerate() {
+                let cache = &cases_caches[i / precisions.len()];
+                let secs = best_of(2, &ctx, || {
+                    plans[i].run(&ctx, cache, 0, &q, &out, &lse).unwrap()
                 });
-                if dtype == KvDtype::F16 {
-                    f16_secs[pi] = Some(secs);
-                }
-                let bw = kv_bytes / secs;
-                let ratio = f16_secs[pi]
-                    .map(|f| format!("{:.2}x", f / secs))
-                    .unwrap_or_else(|| "-".into());
-                println!(
-                    "{len:>8} {:>9} {:>9} {:>9.1} {:>9.2} {:>8.2} {:>7.1}% {:>8.2} {:>8.1}% {:>8}",
-                    dtype.name(),
-                    precision.name(),
-                    kv_bytes / f64::from(1 << 20),
-                    secs * 1e3,
-                    bw / 1e9,
-                    100.0 * bw / ceiling,
-                    flops / secs / 1e9,
-                    100.0 * roofline / secs,
-                    ratio
-                );
+                case.3 = case.3.min(secs);
             }
         }
+        let flops = (4 * 32 * 128 * len * seqs) as f64;
+        for &(dtype, precision, kv_bytes, secs) in &cases {
+            let f16 = cases
+                .iter()
+                .find(|c| c.0 == KvDtype::F16 && c.1 == precision)
+                .map(|c| c.3);
+            let roofline = (kv_bytes / ceiling).max(flops / flops_peak);
+            let bw = kv_bytes / secs;
+            let ratio = f16
+                .map(|f| format!("{:.2}x", f / secs))
+                .unwrap_or_else(|| "-".into());
+            println!(
+                "{len:>8} {:>9} {:>9} {:>9.1} {:>9.2} {:>8.2} {:>7.1}% {:>8.2} {:>8.1}% {:>8}",
+                dtype.name(),
+                precision.name(),
+                kv_bytes / f64::from(1 << 20),
+                secs * 1e3,
+                bw / 1e9,
+                100.0 * bw / ceiling,
+                flops / secs / 1e9,
+                100.0 * roofline / secs,
+                ratio
+            );
+        }
+        cases_caches.clear();
     }
     Ok(())
 }

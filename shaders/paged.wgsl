@@ -6,8 +6,10 @@
 // group) and cut into tiles of TILE rows: for decode a tile is (part of) the GQA group of one
 // token, for prefill a few tokens times the group. A tile's queries sit in workgroup memory, so
 // each K/V row is read once per tile. Rows never interact: a row's bits do not depend on which
-// other rows share its tile (loops over a tile's rows run to the constant TILE, so that a
-// compiler can unroll them and keep per-row values in registers, but skip rows past `n_rows`).
+// other rows share its tile. Loops over a tile's rows run to the constant TILE, so that a
+// compiler can unroll them and keep per-row values in registers; rows past `n_rows` hold zero
+// queries and are computed but never used. The host sizes TILE to the batch (a decode tile is the
+// GQA group) without moving any sequence's tile boundaries.
 //
 // Work items. The host plans, per (sequence, tile), the key range the tile can see, cut at fixed
 // token splits (split-K, the same for every batch) and where the sequence's blocks change pool
@@ -19,7 +21,8 @@
 //
 // Quantized K/V (FP8, int8) are read as codes (kv_load4_codes) and their scales are applied once
 // per key rather than per value: a K row's scale multiplies its dot products, a V row's scale its
-// probabilities, and a per-tensor V scale the output once. Int4 (a scale per group of 32) is
+// probabilities (after the running sums have read them), and a per-tensor V scale the output
+// once. Int4 (a scale per group of 32) is
 // decoded in full.
 
 struct PagedParams {
@@ -99,6 +102,8 @@ var<workgroup> row_pos: array<u32, MAX_TILE>;
 var<workgroup> row_slope: array<f32, MAX_TILE>;
 // Per-row scale of each key of the chunk's V rows (1 unless V has per-row scales).
 var<workgroup> v_row_scale: array<f32, WG>;
+// Pool row of each key of the chunk (found once, by the invocation scoring that key).
+var<workgroup> key_row: array<u32, WG>;
 
 // Column of accumulator set m of invocation tid.
 fn acc_col(tid: u32, m: u32) -> u32 {
@@ -154,6 +159,8 @@ fn attend(wid: vec3<u32>, tid: u32) {
     let d4 = K_DIM / 4u;
     let dv4 = V_DIM / 4u;
     let causal = (params.flags & FLAG_CAUSAL) != 0u;
+    let bs_shift = firstTrailingBit(params.block_size);
+    let bs_mask = params.block_size - 1u;
     let alibi = (params.flags & FLAG_ALIBI) != 0u;
 
     if tid < MAX_TILE {
@@ -184,8 +191,10 @@ fn attend(wid: vec3<u32>, tid: u32) {
         let j = c0 + tid;
         if j < key_end {
             var dots: array<f32, MAX_TILE>;
-            let block = plan[table + j / params.block_size] - params.first_block;
-            let row = (block * params.num_kv_heads + kv_head) * params.block_size + j % params.block_size;
+            // Block sizes are powers of two: shifts and masks, not divisions.
+            let block = plan[table + (j >> bs_shift)] - params.first_block;
+            let row = (block * params.num_kv_heads + kv_head) * params.block_size + (j & bs_mask);
+            key_row[tid] = row;
             if K_DTYPE == KV_INT4 {
                 // Each group's scale and min decoded once.
                 for (var g = 0u; g < d4 / 8u; g++) {
@@ -193,9 +202,6 @@ fn attend(wid: vec3<u32>, tid: u32) {
                     for (var c = g * 8u; c < g * 8u + 8u; c++) {
                         let k = vec4<f32>(real4(kv_int4_load4(0u, row, c, sm)));
                         for (var t = 0u; t < TILE; t++) {
-                            if t >= n_rows {
-                                break;
-                            }
                             dots[t] += dot(vec4<f32>(q_tile[t * d4 + c]), k);
                         }
                     }
@@ -204,9 +210,6 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 for (var c = 0u; c < d4; c++) {
                     let k = vec4<f32>(real4(kv_load4_codes(0u, row, c)));
                     for (var t = 0u; t < TILE; t++) {
-                        if t >= n_rows {
-                            break;
-                        }
                         dots[t] += dot(vec4<f32>(q_tile[t * d4 + c]), k);
                     }
                 }
@@ -216,9 +219,6 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 v_row_scale[tid] = kv_row_scale(1u, row);
             }
             for (var t = 0u; t < TILE; t++) {
-                if t >= n_rows {
-                    break;
-                }
                 dots[t] *= k_scale;
                 let p = row_pos[t];
                 var visible = true;
@@ -234,9 +234,6 @@ fn attend(wid: vec3<u32>, tid: u32) {
             }
         } else {
             for (var t = 0u; t < TILE; t++) {
-                if t >= n_rows {
-                    break;
-                }
                 scores[t * WG + tid] = MASKED;
             }
             v_row_scale[tid] = 1.0;
@@ -260,6 +257,14 @@ fn attend(wid: vec3<u32>, tid: u32) {
         // 4. Running sums, and the tile's outputs (neighbouring invocations read neighbouring
         // values of a V row).
         rows_update_sum(tid, n_rows);
+        if v_has_row_scale() {
+            // Fold each V row's scale into its probabilities once (the sums above are done).
+            workgroupBarrier();
+            for (var t = 0u; t < TILE; t++) {
+                scores[t * WG + tid] *= v_row_scale[tid];
+            }
+            workgroupBarrier();
+        }
         // Each invocation owns ACC_COLS columns of the V rows and, for each, the rows
         // lane, lane + LANES, ...: a V value is loaded and decoded once per invocation and used
         // for all of its rows.
@@ -276,24 +281,12 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 }
             }
             for (var i = 0u; i < n; i++) {
-                let jj = c0 + i;
-                let block = plan[table + jj / params.block_size] - params.first_block;
-                let row = (block * params.num_kv_heads + kv_head) * params.block_size + jj % params.block_size;
+                let row = key_row[i];
                 let v = vec4<f32>(real4(kv_load4_codes(1u, row, c)));
-                if v_has_row_scale() {
-                    let vs = v_row_scale[i];
-                    for (var k = 0u; k < ACC_ROWS; k++) {
-                        let t = acc_lane(tid) + k * LANES;
-                        if t < n_rows {
-                            acc[m * ACC_ROWS + k] += (scores[t * WG + i] * vs) * v;
-                        }
-                    }
-                } else {
-                    for (var k = 0u; k < ACC_ROWS; k++) {
-                        let t = acc_lane(tid) + k * LANES;
-                        if t < n_rows {
-                            acc[m * ACC_ROWS + k] += scores[t * WG + i] * v;
-                        }
+                for (var k = 0u; k < ACC_ROWS; k++) {
+                    let t = acc_lane(tid) + k * LANES;
+                    if t < n_rows {
+                        acc[m * ACC_ROWS + k] += scores[t * WG + i] * v;
                     }
                 }
             }

@@ -31,12 +31,12 @@ crate::wgsl_struct! {
 
 const WG: u32 = 64;
 
-/// Override constants of the merge kernel for `shape` (the tile is the attention kernel's).
-pub(crate) fn constants(shape: &AttentionShape, precision: Precision) -> Vec<(&'static str, f64)> {
+/// Override constants of the merge kernel for `shape` and the attention plan's `tile` rows.
+pub(crate) fn constants(shape: &AttentionShape, tile: usize) -> Vec<(&'static str, f64)> {
     vec![
         ("WG", f64::from(WG)),
         ("GROUP", shape.group() as f64),
-        ("TILE", super::paged::tile_rows(shape, precision) as f64),
+        ("TILE", tile as f64),
         ("V_DIM", shape.head_dim_v as f64),
     ]
 }
@@ -52,7 +52,7 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
                 head_dim_qk: dk,
                 head_dim_v: dv,
             };
-            constants(&shape, Precision::F32)
+            constants(&shape, super::paged::tile_rows(&shape, Precision::F32))
         })
         .collect()
 }

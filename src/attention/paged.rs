@@ -96,17 +96,18 @@ pub fn tile_rows(shape: &AttentionShape, precision: Precision) -> usize {
     MAX_TILE.min(by_memory).min(by_acc).max(1)
 }
 
-/// Override constants of the attention kernel over pools of layouts `k` and `v`.
+/// Override constants of the attention kernel with tiles of `tile` rows over pools of layouts `k`
+/// and `v`.
 pub(crate) fn constants(
     shape: &AttentionShape,
-    precision: Precision,
+    tile: usize,
     k: &PoolLayout,
     v: &PoolLayout,
 ) -> Vec<(&'static str, f64)> {
     vec![
         ("WG", f64::from(WG)),
         ("GROUP", shape.group() as f64),
-        ("TILE", tile_rows(shape, precision) as f64),
+        ("TILE", tile as f64),
         ("K_DIM", shape.head_dim_qk as f64),
         ("V_DIM", shape.head_dim_v as f64),
         ("K_DTYPE", f64::from(k.dtype.code())),
@@ -163,7 +164,8 @@ pub fn representative_constants(precision: Precision) -> Vec<Vec<(&'static str, 
                     crate::quant::ScaleMode::PerRow
                 },
             };
-            sets.push(constants(&shape, precision, &layout(k, dk), &layout(v, dv)));
+            let tile = tile_rows(&shape, precision);
+            sets.push(constants(&shape, tile, &layout(k, dk), &layout(v, dv)));
         }
     }
     sets
@@ -224,6 +226,8 @@ pub(crate) struct KvGeometry {
 pub struct PagedAttentionPlan {
     shape: AttentionShape,
     precision: Precision,
+    /// Rows per tile (the WGSL `TILE`).
+    tile: usize,
     /// Subgroup reductions, chosen at plan time when the device has `SUBGROUP`.
     subgroups: bool,
     geometry: KvGeometry,
@@ -343,7 +347,11 @@ impl PagedAttentionPlan {
             }
         }
         let group = shape.group();
-        let tile = tile_rows(&shape, args.precision);
+        // Tiles no larger than the batch's largest sequence needs (a decode batch's tile is its
+        // GQA group). A sequence's tile boundaries stay those of the full tile: one that fits
+        // the smaller tile would fit one full tile too, and a larger one means the full tile.
+        let max_rows = seqs.iter().map(|s| s.len_q * group).max().unwrap_or(1);
+        let tile = tile_rows(&shape, args.precision).min(max_rows).max(1);
         let window = opts.sliding_window.filter(|_| opts.causal);
         let bpb = geometry.blocks_per_buffer;
 
@@ -503,6 +511,7 @@ impl PagedAttentionPlan {
         let plan = Self {
             shape,
             precision: args.precision,
+            tile,
             subgroups: ctx.caps().subgroups,
             geometry: *geometry,
             total_q,
@@ -534,13 +543,8 @@ impl PagedAttentionPlan {
             self.precision
         };
         let constants = match kernel {
-            Kernel::Merge => crate::attention::merge::constants(&self.shape, self.precision),
-            _ => constants(
-                &self.shape,
-                self.precision,
-                &self.geometry.k,
-                &self.geometry.v,
-            ),
+            Kernel::Merge => crate::attention::merge::constants(&self.shape, self.tile),
+            _ => constants(&self.shape, self.tile, &self.geometry.k, &self.geometry.v),
         };
         let subgroups = self.subgroups && kernel.has_subgroup_variant();
         PipelineKey::new(
