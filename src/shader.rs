@@ -139,13 +139,19 @@ impl Kernel {
     /// The host mirrors of the kernel's WGSL structs (checked against naga's layout).
     pub fn param_structs(self) -> Vec<StructLayout> {
         match self {
-            Kernel::Paged => vec![layout_of::<crate::attention::paged::PagedParams>()],
+            Kernel::Paged => vec![
+                layout_of::<crate::attention::paged::PagedParams>(),
+                layout_of::<crate::cache::pool::TensorScale>(),
+            ],
             Kernel::Merge => vec![layout_of::<crate::attention::merge::MergeParams>()],
             Kernel::MergeStates => {
                 vec![layout_of::<crate::attention::merge_states::MergeStatesParams>()]
             }
             Kernel::Dequant => vec![layout_of::<crate::quant::dequant::DequantParams>()],
-            Kernel::AppendKv => vec![layout_of::<crate::cache::append_kv::AppendParams>()],
+            Kernel::AppendKv => vec![
+                layout_of::<crate::cache::append_kv::AppendParams>(),
+                layout_of::<crate::cache::pool::TensorScale>(),
+            ],
             Kernel::CopyBlocks => vec![layout_of::<crate::cache::copy_blocks::CopyParams>()],
             Kernel::Rope => vec![layout_of::<crate::rope::RopeParams>()],
         }
