@@ -28,7 +28,7 @@ use kvattn::shader::Precision;
 use kvattn::Result;
 
 use crate::run::{check_paged, run_paged, PagedSetup};
-use crate::verify::{max_abs_err, nmse, Rng};
+use crate::verify::{fmt_err, max_abs_err, nmse, Rng};
 
 /// Context lengths of the full table.
 pub const CONTEXTS: [usize; 4] = [128, 1024, 4096, 16384];
@@ -397,16 +397,6 @@ pub fn run(quick: bool, json: bool) -> Result<bool> {
         );
     }
     Ok(failed == 0)
-}
-
-fn fmt_err(x: f64) -> String {
-    if x.is_nan() {
-        "-".into()
-    } else if x == 0.0 {
-        "0".into()
-    } else {
-        format!("{x:.2e}")
-    }
 }
 
 fn print_table(rows: &[Row]) {

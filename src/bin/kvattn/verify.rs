@@ -1202,7 +1202,8 @@ fn exact_outcome(got: &[f32], want: &[f32]) -> Outcome {
     }
 }
 
-fn fmt_err(x: f64) -> String {
+/// An error for the tables: "-" for none (NaN), "0", or two significant digits.
+pub(crate) fn fmt_err(x: f64) -> String {
     if x.is_nan() {
         "-".into()
     } else if x == 0.0 {
