@@ -292,7 +292,7 @@ impl RaggedBatch<'_> {
 }
 
 /// Checks one offset list: starts at 0, never decreases.
-fn check_offsets(what: &str, cu: &[u32]) -> Result<()> {
+pub(crate) fn check_offsets(what: &str, cu: &[u32]) -> Result<()> {
     if cu[0] != 0 {
         return Err(Error::InvalidArgument(format!(
             "{what} must start at 0, starts at {}",
@@ -311,7 +311,7 @@ fn check_offsets(what: &str, cu: &[u32]) -> Result<()> {
 }
 
 /// Checks that a tensor has the product of `dims` elements.
-fn check_len(what: &'static str, got: usize, dims: &[usize]) -> Result<()> {
+pub(crate) fn check_len(what: &'static str, got: usize, dims: &[usize]) -> Result<()> {
     let expected = dims
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))

@@ -154,7 +154,7 @@ fn visible(opts: &AttentionOptions, pos: i64, j: i64) -> bool {
 /// Softmax of `scores` whose denominator also holds `exp(sink)`: returns the weights
 /// `exp(s_j - lse)` and `lse = ln(sum_j exp(s_j) + exp(sink))`, computed after subtracting the
 /// maximum. Nothing at all (no score, no sink) gives no weights and `lse = -inf`.
-fn softmax_with_sink(scores: &[f64], sink: Option<f64>) -> (Vec<f64>, f64) {
+pub(crate) fn softmax_with_sink(scores: &[f64], sink: Option<f64>) -> (Vec<f64>, f64) {
     let max = scores
         .iter()
         .copied()
