@@ -34,14 +34,6 @@ struct AppendParams {
     _pad2: u32,
 }
 
-// The pool's per-tensor FP8 scale and its reciprocal, computed on the host (`Fp8Scale`).
-struct TensorScale {
-    scale: f32,
-    inv_scale: f32,
-    _pad0: u32,
-    _pad1: u32,
-}
-
 override WG: u32 = 64u;
 // Head dim of this tensor; DST_DTYPE is its storage format (a KV_* code).
 override DIM: u32 = 128u;

@@ -50,14 +50,6 @@ struct PagedParams {
     _pad2: u32,
 }
 
-// A pool's per-tensor FP8 scale (1 for the other scale modes) and its reciprocal.
-struct TensorScale {
-    scale: f32,
-    inv_scale: f32,
-    _pad0: u32,
-    _pad1: u32,
-}
-
 override WG: u32 = 64u;
 // Query heads per KV head.
 override GROUP: u32 = 1u;
@@ -135,11 +127,6 @@ fn kv_tensor_scale(which: u32) -> f32 {
     return v_tensor.scale;
 }
 
-// Whether V rows carry their own scale (per-row FP8, int8).
-fn v_has_row_scale() -> bool {
-    return !V_SCALE_PER_TENSOR && (V_DTYPE == KV_FP8_E4M3 || V_DTYPE == KV_FP8_E5M2 || V_DTYPE == KV_INT8);
-}
-
 // The kernel body; the entry point `main` and the row reductions `rows_update_max` /
 // `rows_update_sum` come from rows_portable.wgsl or rows_subgroup.wgsl.
 fn attend(wid: vec3<u32>, tid: u32) {
@@ -215,7 +202,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 }
             }
             let k_scale = kv_row_scale(0u, row);
-            if v_has_row_scale() {
+            if kv_row_scaled(1u) {
                 v_row_scale[tid] = kv_row_scale(1u, row);
             }
             for (var t = 0u; t < TILE; t++) {
@@ -257,7 +244,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
         // 4. Running sums, and the tile's outputs (neighbouring invocations read neighbouring
         // values of a V row).
         rows_update_sum(tid, n_rows);
-        if v_has_row_scale() {
+        if kv_row_scaled(1u) {
             // Fold each V row's scale into its probabilities once (the sums above are done).
             workgroupBarrier();
             for (var t = 0u; t < TILE; t++) {

@@ -12,6 +12,15 @@ const KV_FP8_E5M2: u32 = 4u;
 const KV_INT8: u32 = 5u;
 const KV_INT4: u32 = 6u;
 
+// A pool's per-tensor FP8 scale and its reciprocal computed on the host (`Fp8Scale`; 1 and 1 for
+// the other scale modes): the uniform every pool carries (Rust `TensorScale`).
+struct TensorScale {
+    scale: f32,
+    inv_scale: f32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
 // One f16 (low 16 bits of h), decoded by hand: exact, subnormals included. Not
 // unpack2x16float: naga/wgpu 30 gate that behind Capabilities::SHADER_FLOAT16_IN_FLOAT32
 // (DownlevelFlags::SHADER_F16_IN_F32, missing on lavapipe without SHADER_F16), and a driver may

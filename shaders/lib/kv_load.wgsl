@@ -73,6 +73,14 @@ fn kv_scale_base(which: u32, row: u32) -> u32 {
         + (row % KV_BLOCK_ROWS) * spr;
 }
 
+// Whether K or V rows carry a scale of their own (per-row FP8, int8), as opposed to none, a
+// per-tensor scale or int4's per-group scales.
+fn kv_row_scaled(which: u32) -> bool {
+    let dtype = kv_dtype_of(which);
+    let scaled = dtype == KV_FP8_E4M3 || dtype == KV_FP8_E5M2 || dtype == KV_INT8;
+    return scaled && !kv_per_tensor_of(which);
+}
+
 // The factor every value of row `row` is multiplied by when read, for FP8 (per-tensor or per-row)
 // and int8; 1 for the other formats. Kernels may apply it once per row instead of per value (to
 // a dot product, or to a probability), reading values with kv_load4_codes.

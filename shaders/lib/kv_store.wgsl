@@ -112,16 +112,26 @@ fn kv_round_pack(sign: u32, sig: u32, rem: u32, e: i32) -> u32 {
     return sign | (q + select(0u, 1u, up));
 }
 
+// The NaN result of an operation on a and b when either is NaN (the first NaN operand, quieted, as
+// x86 and Rust give it), else 0 (never a NaN's bits).
+fn kv_nan_operand(a: u32, b: u32) -> u32 {
+    if (a & 0x7fffffffu) > KV_F32_INF {
+        return a | 0x00400000u;
+    }
+    if (b & 0x7fffffffu) > KV_F32_INF {
+        return b | 0x00400000u;
+    }
+    return 0u;
+}
+
 // a * b, correctly rounded (Rust's `a * b` on f32).
 fn kv_mul_bits(a: u32, b: u32) -> u32 {
     let sign = (a ^ b) & 0x80000000u;
     let aa = a & 0x7fffffffu;
     let ba = b & 0x7fffffffu;
-    if aa > KV_F32_INF {
-        return a | 0x00400000u;
-    }
-    if ba > KV_F32_INF {
-        return b | 0x00400000u;
+    let nan = kv_nan_operand(a, b);
+    if nan != 0u {
+        return nan;
     }
     if aa == KV_F32_INF || ba == KV_F32_INF {
         if aa == 0u || ba == 0u {
@@ -154,11 +164,9 @@ fn kv_div_bits(a: u32, b: u32) -> u32 {
     let sign = (a ^ b) & 0x80000000u;
     let aa = a & 0x7fffffffu;
     let ba = b & 0x7fffffffu;
-    if aa > KV_F32_INF {
-        return a | 0x00400000u;
-    }
-    if ba > KV_F32_INF {
-        return b | 0x00400000u;
+    let nan = kv_nan_operand(a, b);
+    if nan != 0u {
+        return nan;
     }
     if aa == KV_F32_INF {
         return select(sign | KV_F32_INF, KV_DEFAULT_NAN, ba == KV_F32_INF);
@@ -197,11 +205,9 @@ fn kv_div_bits(a: u32, b: u32) -> u32 {
 fn kv_add_bits(a: u32, b: u32) -> u32 {
     let aa = a & 0x7fffffffu;
     let ba = b & 0x7fffffffu;
-    if aa > KV_F32_INF {
-        return a | 0x00400000u;
-    }
-    if ba > KV_F32_INF {
-        return b | 0x00400000u;
+    let nan = kv_nan_operand(a, b);
+    if nan != 0u {
+        return nan;
     }
     if aa == KV_F32_INF {
         return select(a, KV_DEFAULT_NAN, ba == KV_F32_INF && ((a ^ b) & 0x80000000u) != 0u);
@@ -276,26 +282,25 @@ fn kv_round_clamp(bits: u32, lo: i32, hi: i32) -> i32 {
 // ---------------------------------------------------------------------------------------------
 // FP8 (fp8.rs, fp8_scale.rs).
 
-// f32 bits -> OCP E4M3 "fn": nearest even, saturating to +-448 (infinity included), NaN ->
-// 0x7f | sign.
-fn kv_encode_e4m3(bits: u32) -> u32 {
+// f32 bits -> an FP8 code with `man_bits` mantissa bits and exponent `bias`: nearest even,
+// saturating to the code `max_code` (infinity included), NaN -> `nan_code | sign` (fp8.rs).
+fn kv_encode_fp8(bits: u32, man_bits: u32, bias: u32, max_code: u32, nan_code: u32) -> u32 {
     let sign = (bits >> 24u) & 0x80u;
     let abs = bits & 0x7fffffffu;
     if abs > KV_F32_INF {
-        return 0x7fu | sign;
+        return nan_code | sign;
     }
-    return min(kv_round_magnitude(abs, 3u, 7u), 0x7eu) | sign;
+    return min(kv_round_magnitude(abs, man_bits, bias), max_code) | sign;
 }
 
-// f32 bits -> OCP E5M2: nearest even, saturating to +-57344 (infinity included), NaN ->
-// 0x7e | sign.
+// f32 bits -> OCP E4M3 "fn": saturating to +-448, NaN -> 0x7f | sign.
+fn kv_encode_e4m3(bits: u32) -> u32 {
+    return kv_encode_fp8(bits, 3u, 7u, 0x7eu, 0x7fu);
+}
+
+// f32 bits -> OCP E5M2: saturating to +-57344, NaN -> 0x7e | sign.
 fn kv_encode_e5m2(bits: u32) -> u32 {
-    let sign = (bits >> 24u) & 0x80u;
-    let abs = bits & 0x7fffffffu;
-    if abs > KV_F32_INF {
-        return 0x7eu | sign;
-    }
-    return min(kv_round_magnitude(abs, 2u, 15u), 0x7bu) | sign;
+    return kv_encode_fp8(bits, 2u, 15u, 0x7bu, 0x7eu);
 }
 
 // The exponent k of a row's dynamic FP8 scale 2^k, from the row's `amax_finite_bits` (the

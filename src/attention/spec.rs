@@ -200,12 +200,12 @@ impl RaggedBatch<'_> {
 
     /// Total query rows: the last entry of `cu_seqlens_q` (0 if it is empty).
     pub fn total_q(&self) -> usize {
-        self.cu_seqlens_q.last().map_or(0, |&t| t as usize)
+        total_rows(self.cu_seqlens_q)
     }
 
     /// Total key rows: the last entry of `cu_seqlens_k` (0 if it is empty).
     pub fn total_k(&self) -> usize {
-        self.cu_seqlens_k.last().map_or(0, |&t| t as usize)
+        total_rows(self.cu_seqlens_k)
     }
 
     /// `(len_q, len_k)` of sequence `seq`.
@@ -292,6 +292,12 @@ impl RaggedBatch<'_> {
 }
 
 /// Checks one offset list: starts at 0, never decreases.
+/// The row count of an offset list: its last entry (0 if it is empty).
+pub(crate) fn total_rows(cu: &[u32]) -> usize {
+    cu.last().map_or(0, |&t| t as usize)
+}
+
+/// Checks an offset list: it starts at 0 and never decreases.
 pub(crate) fn check_offsets(what: &str, cu: &[u32]) -> Result<()> {
     if cu[0] != 0 {
         return Err(Error::InvalidArgument(format!(

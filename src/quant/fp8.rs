@@ -65,28 +65,29 @@ impl Fp8Format {
     }
 }
 
-/// Encodes `x` as OCP E4M3 "fn": round-to-nearest-even, saturating to ±448, NaN -> `0x7F | sign`.
-pub fn encode_e4m3(x: f32) -> u8 {
+/// Encodes `x` with `man_bits` mantissa bits and exponent `bias`: round-to-nearest-even,
+/// saturating to the code `max_code`, NaN -> `nan_code | sign`.
+fn encode_fp8(x: f32, man_bits: u32, bias: u32, max_code: u32, nan_code: u8) -> u8 {
     let bits = x.to_bits();
     let sign = ((bits >> 24) & 0x80) as u8;
     let abs = bits & 0x7FFF_FFFF;
     if abs > 0x7F80_0000 {
-        return 0x7F | sign;
+        return nan_code | sign;
     }
-    // Infinity (and anything past the largest f32 binade) lands far above 0x7E and saturates.
-    (round_magnitude(abs, 3, 7).min(0x7E) as u8) | sign
+    // Infinity (and anything past the largest f32 binade) lands far above `max_code` and
+    // saturates.
+    (round_magnitude(abs, man_bits, bias).min(max_code) as u8) | sign
+}
+
+/// Encodes `x` as OCP E4M3 "fn": round-to-nearest-even, saturating to ±448, NaN -> `0x7F | sign`.
+pub fn encode_e4m3(x: f32) -> u8 {
+    encode_fp8(x, 3, 7, 0x7E, 0x7F)
 }
 
 /// Encodes `x` as OCP E5M2: round-to-nearest-even, saturating to ±57344 (±infinity included),
 /// NaN -> `0x7E | sign`.
 pub fn encode_e5m2(x: f32) -> u8 {
-    let bits = x.to_bits();
-    let sign = ((bits >> 24) & 0x80) as u8;
-    let abs = bits & 0x7FFF_FFFF;
-    if abs > 0x7F80_0000 {
-        return 0x7E | sign;
-    }
-    (round_magnitude(abs, 2, 15).min(0x7B) as u8) | sign
+    encode_fp8(x, 2, 15, 0x7B, 0x7E)
 }
 
 /// Decodes an OCP E4M3 "fn" code (exact). `0x7F`/`0xFF` decode to NaN.

@@ -12,7 +12,7 @@
 //! below checks both against each other. [`expand`] gives the up-projected per-head K and V, for
 //! running an ordinary attention over them.
 
-use crate::attention::spec::{check_len, check_offsets};
+use crate::attention::spec::{check_len, check_offsets, total_rows};
 use crate::reference::attention::softmax_with_sink;
 use crate::reference::AttentionOutput;
 use crate::{Error, Result};
@@ -136,12 +136,12 @@ impl MlaBatch<'_> {
 
     /// Total query rows.
     pub fn total_q(&self) -> usize {
-        self.cu_seqlens_q.last().map_or(0, |&t| t as usize)
+        total_rows(self.cu_seqlens_q)
     }
 
     /// Total latent rows.
     pub fn total_k(&self) -> usize {
-        self.cu_seqlens_k.last().map_or(0, |&t| t as usize)
+        total_rows(self.cu_seqlens_k)
     }
 }
 
