@@ -196,6 +196,232 @@ fn seed_000_deepseek_v2() {
     assert_eq!(int(&v, "values_per_token"), 1_966_080);
 }
 
+const MHA_KEYS: [&str; 5] = [
+    "mha_equivalent_values_per_token",
+    "mha_equivalent_bytes_per_token",
+    "mha_equivalent_head_dim",
+    "mha_ratio_values",
+    "mha_ratio_bytes",
+];
+
+fn float(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number in {v}"))
+}
+
+/// The text output's lines, expecting success.
+fn text_lines(args: &[&str]) -> Vec<String> {
+    let out = kvattn(args);
+    assert!(
+        out.status.success(),
+        "kvattn capacity {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The comparison line for `heads` heads of `head_dim`, from the numbers it reports.
+fn vs_mha_line(
+    heads: u64,
+    head_dim: u64,
+    mha_values: u64,
+    mha_bytes: u64,
+    rv: f64,
+    rb: f64,
+) -> String {
+    let sep = |n: u64| {
+        let d = n.to_string();
+        let mut out = String::new();
+        for (i, ch) in d.chars().enumerate() {
+            if i > 0 && (d.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(ch);
+        }
+        out
+    };
+    format!(
+        "vs MHA of the same {heads} heads (K and V of {head_dim} dims): {} values/token, {rv:.1}x \
+         the latent's values ({} bytes/token, {rb:.1}x the latent's bytes)",
+        sep(mha_values),
+        sep(mha_bytes)
+    )
+}
+
+/// Seed 000 section 4: DeepSeek-V2's 128 heads of 128 as MHA would leave 2 x 60 x 128 x 128 =
+/// 1,966,080 values per token, about 57x the latent's 34,560. The MHA cache takes the same dtype
+/// and scales; the latent's RoPE part stays 16-bit when it is quantized, so the byte ratio
+/// differs from the value ratio then.
+#[test]
+fn deepseek_v2_vs_mha() {
+    let (layers, heads, head_dim, rank, rope) = (60u64, 128u64, 128u64, 512u64, 64u64);
+    let mha_values = 2 * layers * heads * head_dim;
+    let mla_values = layers * (rank + rope);
+    assert_eq!(mha_values, 1_966_080);
+    assert_eq!(mla_values, 34_560);
+    // (dtype, scales, bytes per value, scale bytes per row)
+    for (dtype, scales, p, row_scale) in [
+        ("bf16", "per-tensor", 2, 0),
+        ("fp8-e4m3", "per-tensor", 1, 0),
+        ("fp8-e4m3", "per-token", 1, 4),
+    ] {
+        let args = [
+            "--model",
+            "deepseek-v2",
+            "--dtype",
+            dtype,
+            "--scales",
+            scales,
+        ];
+        let v = json(&args);
+        let mha_bytes = mha_values * p + 2 * layers * heads * row_scale;
+        let mla_bytes = layers * (rank * p + rope * 2 + row_scale);
+        let (rv, rb) = (
+            mha_values as f64 / mla_values as f64,
+            mha_bytes as f64 / mla_bytes as f64,
+        );
+        assert_eq!(int(&v, "values_per_token"), mla_values);
+        assert_eq!(int(&v, "bytes_per_token"), mla_bytes, "{dtype} {scales}");
+        assert_eq!(int(&v, "q_heads"), heads);
+        assert_eq!(int(&v, "mha_equivalent_head_dim"), head_dim);
+        assert_eq!(int(&v, "mha_equivalent_values_per_token"), mha_values);
+        assert_eq!(int(&v, "mha_equivalent_bytes_per_token"), mha_bytes);
+        assert_eq!(float(&v, "mha_ratio_values"), rv);
+        assert_eq!(float(&v, "mha_ratio_bytes"), rb);
+        let lines = text_lines(&args);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(
+            lines[1],
+            vs_mha_line(heads, head_dim, mha_values, mha_bytes, rv, rb)
+        );
+    }
+    // The seed's "about 57x", and the printed ratios.
+    assert_eq!((1_966_080.0 / 34_560.0_f64).round(), 57.0);
+    let bf16 = text_lines(&["--model", "deepseek-v2"]);
+    assert!(bf16[1].contains(" 56.9x the latent's values (3,932,160 bytes/token, 56.9x"));
+    let fp8 = text_lines(&["--model", "deepseek-v2", "--dtype", "fp8-e4m3"]);
+    assert!(fp8[1].contains(" 56.9x the latent's values (1,966,080 bytes/token, 51.2x"));
+}
+
+/// An explicit MLA shape compares only when --q-heads and --head-dim ask for it; an MHA shape
+/// never does.
+#[test]
+fn explicit_mla_vs_mha() {
+    let mla = ["--layers", "60", "--mla-rank", "512", "--rope-dim", "64"];
+    let plain = json(&mla);
+    for key in MHA_KEYS.iter().chain(&["q_heads"]) {
+        assert!(plain.get(key).is_none(), "{key} in {plain}");
+    }
+    assert_eq!(text_lines(&mla).len(), 1);
+    let asked = [&mla[..], &["--q-heads", "128", "--head-dim", "128"]].concat();
+    let explicit = json(&asked);
+    let preset = json(&["--model", "deepseek-v2"]);
+    for key in MHA_KEYS.iter().chain(&["q_heads", "bytes_per_token"]) {
+        assert_eq!(explicit[key], preset[key], "{key}");
+    }
+    assert_eq!(explicit["model"], Value::Null);
+    // Another shape, in f32: 2 layers of rank 128 + RoPE 32 vs 16 heads of 64.
+    let args = [
+        "--layers",
+        "2",
+        "--mla-rank",
+        "128",
+        "--rope-dim",
+        "32",
+        "--q-heads",
+        "16",
+        "--head-dim",
+        "64",
+        "--dtype",
+        "f32",
+    ];
+    let v = json(&args);
+    let (mha_values, mla_values) = (2 * 2 * 16 * 64, 2 * (128 + 32));
+    assert_eq!(int(&v, "values_per_token"), mla_values);
+    assert_eq!(int(&v, "q_heads"), 16);
+    assert_eq!(int(&v, "mha_equivalent_head_dim"), 64);
+    assert_eq!(int(&v, "mha_equivalent_values_per_token"), mha_values);
+    assert_eq!(int(&v, "mha_equivalent_bytes_per_token"), mha_values * 4);
+    let ratio = mha_values as f64 / mla_values as f64;
+    assert_eq!(float(&v, "mha_ratio_values"), ratio);
+    assert_eq!(float(&v, "mha_ratio_bytes"), ratio);
+    assert_eq!(
+        text_lines(&args)[1],
+        vs_mha_line(16, 64, mha_values, mha_values * 4, ratio, ratio)
+    );
+    // MHA presets and shapes: no comparison.
+    for args in [
+        &["--model", "qwen3-8b"][..],
+        &["--layers", "60", "--kv-heads", "128", "--head-dim", "128"][..],
+    ] {
+        let v = json(args);
+        for key in MHA_KEYS {
+            assert!(v.get(key).is_none(), "{key} in {v}");
+        }
+        assert_eq!(text_lines(args).len(), 1);
+    }
+}
+
+#[test]
+fn mha_comparison_bad_arguments_fail() {
+    let mla = ["--layers", "60", "--mla-rank", "512", "--rope-dim", "64"];
+    let with = |extra: &[&'static str]| [&mla[..], extra].concat();
+    fails(&with(&["--q-heads", "128"]), &["--q-heads", "--head-dim"]);
+    fails(&with(&["--head-dim", "128"]), &["--head-dim", "--q-heads"]);
+    fails(
+        &with(&["--q-heads", "0", "--head-dim", "128"]),
+        &["query heads", "positive"],
+    );
+    fails(
+        &with(&["--q-heads", "16", "--head-dim", "130"]),
+        &["MHA equivalent", "multiple of 4"],
+    );
+    fails(
+        &with(&["--q-heads", "16", "--head-dim", "48", "--dtype", "int4"]),
+        &["MHA equivalent", "multiple of 32"],
+    );
+    fails(
+        &with(&["--q-heads", "16", "--head-dim", "128", "--kv-heads", "16"]),
+        &["mixed"],
+    );
+    // --q-heads with an MHA shape, or with a preset (which has its own heads).
+    fails(
+        &[
+            "--layers",
+            "60",
+            "--kv-heads",
+            "8",
+            "--head-dim",
+            "128",
+            "--q-heads",
+            "64",
+        ],
+        &["--q-heads", "MLA"],
+    );
+    fails(
+        &["--layers", "60", "--head-dim", "128", "--q-heads", "64"],
+        &["--q-heads", "MLA"],
+    );
+    fails(
+        &["--model", "deepseek-v2", "--q-heads", "64"],
+        &["--model", "--q-heads"],
+    );
+    fails(
+        &["--model", "deepseek-v2", "--head-dim", "64"],
+        &["--model", "--head-dim"],
+    );
+    fails(
+        &["--model", "llama-3.1-70b", "--q-heads", "64"],
+        &["--q-heads"],
+    );
+    fails(&with(&["--q-heads", "-1", "--head-dim", "128"]), &[]);
+}
+
 /// Seed 003: 32 layers x 8 KV heads x 128 in fp16: 8,000 tokens ~1.05 GB, 32,000 ~4.19 GB.
 #[test]
 fn seed_003_gb() {

@@ -16,6 +16,11 @@
 //! bytes/token = layers * (rank * p_latent + rope_dim * p_rope)  +  scale overhead
 //! ```
 //!
+//! For comparison, [`compare_to_mha`] puts an MLA cache next to the MHA cache of the same query
+//! heads, each with its own K and V rows of a given head dim ([`CacheShape::mha_equivalent`]),
+//! in the same dtype and scale granularity: DeepSeek-V2's 128 heads of 128 would leave
+//! `2 * 60 * 128 * 128 = 1,966,080` values per token, 56.9x the latent's 34,560.
+//!
 //! The scale overhead follows the storage formats of [`KvDtype`]: none for f32, f16 and bf16;
 //! none for FP8 with one per-tensor scale ([`ScaleGranularity::PerTensor`], the default, the
 //! scale being stored once outside the rows) and 4 bytes (an f32) per row with
@@ -161,6 +166,109 @@ impl CacheShape {
             } => product(&[u(layers), add(u(rank), u(rope_dim))?]),
         }
     }
+}
+
+impl CacheShape {
+    /// The multi-head cache an MLA shape is compared with: `q_heads` KV heads (one per query
+    /// head, as in MHA), each with a K row and a V row of `head_dim` values, in every layer of
+    /// this shape: `CacheShape::Mha { layers, kv_heads: q_heads, head_dim }`. DeepSeek-V2 (128
+    /// query heads, head dim 128): 60 x 128 x 128, 1,966,080 values per token against the
+    /// latent's 34,560.
+    ///
+    /// An MHA shape (already per-head K and V), zero query heads, or a head dim that no cache
+    /// row can have (zero, or not a multiple of 4) is an [`Error::InvalidArgument`]; the int4
+    /// group rule is checked with the dtype, by [`bytes_per_token`] or [`compare_to_mha`].
+    pub fn mha_equivalent(&self, q_heads: usize, head_dim: usize) -> Result<CacheShape> {
+        let CacheShape::Mla { layers, .. } = *self else {
+            return Err(invalid(format!(
+                "an MHA equivalent is defined for an MLA shape; {self} already stores K and V \
+                 per KV head"
+            )));
+        };
+        if q_heads == 0 {
+            return Err(invalid("query heads must be positive"));
+        }
+        let mha = CacheShape::Mha {
+            layers,
+            kv_heads: q_heads,
+            head_dim,
+        };
+        // f32 has no group rule: this checks only what every dtype requires.
+        mha.check(KvDtype::F32)
+            .map_err(|e| in_mha_equivalent(mha, e))?;
+        Ok(mha)
+    }
+}
+
+/// Names the MHA-equivalent shape in an argument error about its sizes.
+fn in_mha_equivalent(mha: CacheShape, e: Error) -> Error {
+    match e {
+        Error::InvalidArgument(m) => invalid(format!("the MHA equivalent ({mha}): {m}")),
+        other => other,
+    }
+}
+
+/// An MLA cache next to the MHA cache of the same query heads ([`compare_to_mha`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MhaComparison {
+    /// The MHA-equivalent shape ([`CacheShape::mha_equivalent`]).
+    pub mha: CacheShape,
+    /// Values a token leaves in the MLA cache ([`CacheShape::values_per_token`]).
+    pub mla_values_per_token: u64,
+    /// Bytes a token takes in the MLA cache, scales included ([`bytes_per_token`]).
+    pub mla_bytes_per_token: u64,
+    /// Values a token would leave in the MHA-equivalent cache.
+    pub mha_values_per_token: u64,
+    /// Bytes a token would take in the MHA-equivalent cache, in the same dtype and scale
+    /// granularity, scales included.
+    pub mha_bytes_per_token: u64,
+    /// `mha_values_per_token / mla_values_per_token` (DeepSeek-V2: 56.9).
+    pub ratio_values: f64,
+    /// `mha_bytes_per_token / mla_bytes_per_token`: differs from the value ratio when the latent
+    /// is quantized (its RoPE part stays 16-bit) or has scales.
+    pub ratio_bytes: f64,
+}
+
+/// Compares the MLA `shape` with its MHA equivalent ([`CacheShape::mha_equivalent`] of
+/// `q_heads` heads with K and V rows of `head_dim` values), both in `dtype` with `scales`, by
+/// the same formulas as [`CacheShape::values_per_token`] and [`bytes_per_token`]. DeepSeek-V2
+/// in bf16: 1,966,080 values and 3,932,160 bytes per token, 56.9x the latent's 34,560 values and
+/// 69,120 bytes.
+///
+/// ```
+/// use kvattn::cache::capacity::{compare_to_mha, CacheShape, ScaleGranularity};
+/// use kvattn::quant::KvDtype;
+///
+/// let v2 = CacheShape::Mla { layers: 60, rank: 512, rope_dim: 64 };
+/// let c = compare_to_mha(v2, 128, 128, KvDtype::Bf16, ScaleGranularity::PerTensor).unwrap();
+/// assert_eq!(c.mha_values_per_token, 2 * 60 * 128 * 128);
+/// assert_eq!(format!("{:.1}", c.ratio_values), "56.9");
+/// ```
+///
+/// Errors as [`CacheShape::mha_equivalent`] and [`bytes_per_token`]; an error of the MHA
+/// shape's sizes names that shape.
+pub fn compare_to_mha(
+    shape: CacheShape,
+    q_heads: usize,
+    head_dim: usize,
+    dtype: KvDtype,
+    scales: ScaleGranularity,
+) -> Result<MhaComparison> {
+    let mla_bytes_per_token = bytes_per_token(shape, dtype, scales)?;
+    let mla_values_per_token = shape.values_per_token()?;
+    let mha = shape.mha_equivalent(q_heads, head_dim)?;
+    let in_mha = |e| in_mha_equivalent(mha, e);
+    let mha_values_per_token = mha.values_per_token().map_err(in_mha)?;
+    let mha_bytes_per_token = bytes_per_token(mha, dtype, scales).map_err(in_mha)?;
+    Ok(MhaComparison {
+        mha,
+        mla_values_per_token,
+        mla_bytes_per_token,
+        mha_values_per_token,
+        mha_bytes_per_token,
+        ratio_values: mha_values_per_token as f64 / mla_values_per_token as f64,
+        ratio_bytes: mha_bytes_per_token as f64 / mla_bytes_per_token as f64,
+    })
 }
 
 impl fmt::Display for CacheShape {
@@ -640,6 +748,75 @@ mod tests {
         );
         assert_eq!(bpt(DEEPSEEK_V2, KvDtype::Int8), 60 * (512 + 128 + 4));
         assert_eq!(bpt(DEEPSEEK_V2, KvDtype::Int4), 60 * (256 + 128 + 16 * 4));
+    }
+
+    /// Seed 000 section 4: "the same heads as MHA (128 heads, head dim 128): 1,966,080 values
+    /// per token, about 1/57" -- by [`compare_to_mha`], in every dtype, from the formulas.
+    #[test]
+    fn deepseek_v2_vs_mha_equivalent() {
+        let mha_shape = DEEPSEEK_V2.mha_equivalent(128, 128).unwrap();
+        assert_eq!(mha_shape, mha(60, 128, 128));
+        for dtype in KvDtype::ALL {
+            let grans: &[ScaleGranularity] = if dtype.fp8_format().is_some() {
+                &[PT, TOK]
+            } else {
+                &[PT]
+            };
+            for &scales in grans {
+                let c = compare_to_mha(DEEPSEEK_V2, 128, 128, dtype, scales).unwrap();
+                let mla_bytes = bytes_per_token(DEEPSEEK_V2, dtype, scales).unwrap();
+                let mha_bytes = bytes_per_token(mha_shape, dtype, scales).unwrap();
+                assert_eq!(c.mha, mha_shape);
+                assert_eq!(c.mla_values_per_token, 34_560);
+                assert_eq!(c.mha_values_per_token, 1_966_080);
+                assert_eq!(c.mla_bytes_per_token, mla_bytes);
+                assert_eq!(c.mha_bytes_per_token, mha_bytes);
+                assert_eq!(c.ratio_values, 1_966_080.0 / 34_560.0);
+                assert_eq!(c.ratio_bytes, mha_bytes as f64 / mla_bytes as f64);
+            }
+        }
+        let bf16 = compare_to_mha(DEEPSEEK_V2, 128, 128, KvDtype::Bf16, PT).unwrap();
+        assert_eq!(bf16.mha_bytes_per_token, 3_932_160);
+        assert_eq!(format!("{:.1}", bf16.ratio_values), "56.9");
+        assert_eq!(bf16.ratio_values.round(), 57.0); // the seed's "about 57x"
+
+        // Every value is 2 bytes on both sides.
+        assert_eq!(bf16.ratio_bytes, bf16.ratio_values);
+        // FP8: the MHA cache halves, the latent does not (its RoPE part stays 16-bit).
+        let fp8 = compare_to_mha(DEEPSEEK_V2, 128, 128, KvDtype::Fp8E4M3, PT).unwrap();
+        assert_eq!(fp8.mha_bytes_per_token, 1_966_080);
+        assert_eq!(fp8.mla_bytes_per_token, 38_400);
+        assert_eq!(format!("{:.1}", fp8.ratio_bytes), "51.2");
+        // Per-token FP8 scales: 2 x 60 x 128 rows on the MHA side, 60 latent rows.
+        let tok = compare_to_mha(DEEPSEEK_V2, 128, 128, KvDtype::Fp8E4M3, TOK).unwrap();
+        assert_eq!(tok.mha_bytes_per_token, 1_966_080 + 2 * 60 * 128 * 4);
+        assert_eq!(tok.mla_bytes_per_token, 38_400 + 60 * 4);
+    }
+
+    #[test]
+    fn mha_equivalent_errors() {
+        let msg = |r: Result<CacheShape>| match r {
+            Err(Error::InvalidArgument(m)) => m,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        };
+        assert!(msg(mha(60, 128, 128).mha_equivalent(128, 128)).contains("MLA"));
+        assert!(msg(DEEPSEEK_V2.mha_equivalent(0, 128)).contains("query heads"));
+        for (head_dim, want) in [(0, "positive"), (130, "multiple of 4")] {
+            let m = msg(DEEPSEEK_V2.mha_equivalent(128, head_dim));
+            assert!(m.contains(want) && m.contains("MHA equivalent"), "{m}");
+        }
+        // The int4 group rule applies to the MHA rows too, with the shape named.
+        let e = compare_to_mha(DEEPSEEK_V2, 128, 48, KvDtype::Int4, PT).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("multiple of 32") && e.contains("MHA equivalent"),
+            "{e}"
+        );
+        assert!(compare_to_mha(DEEPSEEK_V2, 128, 48, KvDtype::Int8, PT).is_ok());
+        // Per-token scales are still FP8 only; overflow is an error, never a wrap.
+        assert!(compare_to_mha(DEEPSEEK_V2, 128, 128, KvDtype::Bf16, TOK).is_err());
+        let huge = compare_to_mha(DEEPSEEK_V2, usize::MAX, 128, KvDtype::F32, PT);
+        assert!(huge.unwrap_err().to_string().contains("overflow"));
     }
 
     /// Seed 000 section 3: the numpy toy model (2 layers, head dim 16, f32, 1,024 tokens) has

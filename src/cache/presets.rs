@@ -26,8 +26,24 @@ pub struct ModelPreset {
     pub q_heads: usize,
     /// What a token leaves in the cache.
     pub shape: CacheShape,
+    /// For an MLA preset: the head dim of the K and V rows of the MHA cache it is compared with,
+    /// one K and one V row per query head ([`CacheShape::mha_equivalent`]). DeepSeek-V2: 128,
+    /// its `v_head_dim` and `qk_nope_head_dim` (the per-head K without the 64-wide decoupled
+    /// RoPE part), as in the paper's KV-cache comparison (`2 * n_h * d_h * l` with `d_h` = 128)
+    /// and seed 000 section 4. `None` for MHA, GQA and MQA presets.
+    pub mha_equivalent_head_dim: Option<usize>,
     /// Where the shape comes from, and anything worth knowing about it.
     pub notes: &'static str,
+}
+
+impl ModelPreset {
+    /// The MHA cache this preset is compared with: `q_heads` KV heads of
+    /// [`mha_equivalent_head_dim`](Self::mha_equivalent_head_dim) over its layers, for an MLA
+    /// preset; `None` for the others.
+    pub fn mha_equivalent(&self) -> Option<Result<CacheShape>> {
+        self.mha_equivalent_head_dim
+            .map(|head_dim| self.shape.mha_equivalent(self.q_heads, head_dim))
+    }
 }
 
 const fn mha(
@@ -47,6 +63,7 @@ const fn mha(
             kv_heads,
             head_dim,
         },
+        mha_equivalent_head_dim: None,
         notes,
     }
 }
@@ -91,7 +108,11 @@ pub const PRESETS: &[ModelPreset] = &[
             rank: 512,
             rope_dim: 64,
         },
-        notes: "MLA: kv_lora_rank 512 + qk_rope_head_dim 64 per layer, 34,560 values/token",
+        // v_head_dim = qk_nope_head_dim = 128: the paper's d_h in its MHA comparison.
+        mha_equivalent_head_dim: Some(128),
+        notes: "MLA: kv_lora_rank 512 + qk_rope_head_dim 64 per layer, 34,560 values/token; \
+                vs MHA of the same 128 heads of 128 (v_head_dim = qk_nope_head_dim): \
+                1,966,080 values/token",
     },
     mha(
         "smollm2-135m",
@@ -159,12 +180,38 @@ mod tests {
             for dtype in KvDtype::ALL {
                 assert!(p.shape.check(dtype).is_ok(), "{} {dtype}", p.name);
             }
+            // Every MLA preset, and only those, has an MHA equivalent.
+            assert_eq!(
+                p.mha_equivalent_head_dim.is_some(),
+                p.shape.kind() == "mla",
+                "{}",
+                p.name
+            );
         }
         assert_eq!(preset("Qwen3_1.7B").unwrap().name, "qwen3-1.7b");
         let err = preset("gpt-5").unwrap_err().to_string();
         assert!(
             err.contains("gpt-5") && err.contains("llama-3.1-70b") && err.contains("smollm2-135m")
         );
+    }
+
+    /// Seed 000 section 4: DeepSeek-V2's heads as MHA, 128 heads with K and V of 128 values in
+    /// each of 60 layers.
+    #[test]
+    fn deepseek_v2_mha_equivalent() {
+        let p = preset("deepseek-v2").unwrap();
+        let mha = p.mha_equivalent().unwrap().unwrap();
+        assert_eq!(
+            mha,
+            CacheShape::Mha {
+                layers: 60,
+                kv_heads: 128,
+                head_dim: 128
+            }
+        );
+        assert_eq!(mha.values_per_token().unwrap(), 2 * 60 * 128 * 128);
+        assert_eq!(mha.values_per_token().unwrap(), 1_966_080);
+        assert!(preset("qwen3-8b").unwrap().mha_equivalent().is_none());
     }
 
     /// Bytes per token in bf16 (model-shapes.md: 2 x layers x KV heads x head dim x 2; MLA:

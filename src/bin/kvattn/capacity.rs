@@ -1,8 +1,8 @@
 //! `kvattn capacity`: KV cache bytes for a model, a dtype and a batch, and what fits a budget.
 
 use kvattn::cache::capacity::{
-    evaluate, fit_budget, parse_byte_size, BudgetFit, CacheShape, Capacity, CapacityQuery,
-    ScaleGranularity,
+    compare_to_mha, evaluate, fit_budget, parse_byte_size, BudgetFit, CacheShape, Capacity,
+    CapacityQuery, MhaComparison, ScaleGranularity,
 };
 use kvattn::cache::presets::{preset, preset_names, ModelPreset};
 use kvattn::quant::KvDtype;
@@ -13,7 +13,8 @@ use kvattn::{Error, Result};
 pub struct CapacityArgs {
     /// A model preset: llama-3.1-8b, llama-3.1-70b, llama-3.1-405b, qwen2.5-1.5b, qwen2.5-7b,
     /// qwen3-1.7b, qwen3-8b, mistral-7b, deepseek-v2, smollm2-135m. Or give the shape with
-    /// --layers and --kv-heads/--head-dim (or --mla-rank/--rope-dim).
+    /// --layers and --kv-heads/--head-dim (or --mla-rank/--rope-dim). An MLA preset
+    /// (deepseek-v2) is also compared with the MHA cache of its query heads.
     #[arg(long, value_name = "NAME")]
     model: Option<String>,
     /// Transformer layers (explicit shape).
@@ -22,9 +23,14 @@ pub struct CapacityArgs {
     /// KV heads per layer (explicit MHA/GQA/MQA shape).
     #[arg(long)]
     kv_heads: Option<usize>,
-    /// Values per head (explicit MHA/GQA/MQA shape).
+    /// Values per head (explicit MHA/GQA/MQA shape); with --mla-rank/--rope-dim and --q-heads,
+    /// the K and V head dim of the MHA cache the latent is compared with.
     #[arg(long)]
     head_dim: Option<usize>,
+    /// Query heads per layer of an explicit MLA shape: with --head-dim, compares the latent
+    /// with an MHA cache of that many heads, each with K and V rows of --head-dim values.
+    #[arg(long, value_name = "N")]
+    q_heads: Option<usize>,
     /// Latent width per layer (explicit MLA shape, DeepSeek-V2's kv_lora_rank).
     #[arg(long)]
     mla_rank: Option<usize>,
@@ -63,12 +69,17 @@ enum Source {
     Explicit,
 }
 
-/// Resolves the shape: a preset or explicit flags, never both, never MHA and MLA flags mixed.
-fn shape(args: &CapacityArgs) -> Result<(Source, CacheShape)> {
+/// The MHA cache an MLA shape is compared with: (query heads, K and V head dim).
+type MhaRequest = Option<(usize, usize)>;
+
+/// Resolves the shape: a preset or explicit flags, never both, never MHA and MLA flags mixed;
+/// and, for an MLA shape, the MHA comparison (a preset's own, or --q-heads with --head-dim).
+fn shape(args: &CapacityArgs) -> Result<(Source, CacheShape, MhaRequest)> {
     let explicit: Vec<&str> = [
         ("--layers", args.layers.is_some()),
         ("--kv-heads", args.kv_heads.is_some()),
         ("--head-dim", args.head_dim.is_some()),
+        ("--q-heads", args.q_heads.is_some()),
         ("--mla-rank", args.mla_rank.is_some()),
         ("--rope-dim", args.rope_dim.is_some()),
     ]
@@ -83,14 +94,22 @@ fn shape(args: &CapacityArgs) -> Result<(Source, CacheShape)> {
             )));
         }
         let p = preset(name)?;
-        return Ok((Source::Preset(p), p.shape));
+        let request = p.mha_equivalent_head_dim.map(|d| (p.q_heads, d));
+        return Ok((Source::Preset(p), p.shape, request));
     }
-    let mha = args.kv_heads.is_some() || args.head_dim.is_some();
     let mla = args.mla_rank.is_some() || args.rope_dim.is_some();
+    // --head-dim belongs to an MLA shape too when it sizes the MHA comparison (--q-heads).
+    let mha = args.kv_heads.is_some() || (args.head_dim.is_some() && !mla);
     if mha && mla {
         return Err(invalid(
             "MHA flags (--kv-heads, --head-dim) and MLA flags (--mla-rank, --rope-dim) \
              cannot be mixed",
+        ));
+    }
+    if args.q_heads.is_some() && !mla {
+        return Err(invalid(
+            "--q-heads asks for the MHA comparison of an MLA shape (--mla-rank and --rope-dim); \
+             an MHA shape (--kv-heads, --head-dim) has nothing to compare",
         ));
     }
     let Some(layers) = args.layers else {
@@ -107,8 +126,8 @@ fn shape(args: &CapacityArgs) -> Result<(Source, CacheShape)> {
             .collect();
         invalid(format!("--layers needs {} too", m.join(" and ")))
     };
-    let shape = if mla {
-        match (args.mla_rank, args.rope_dim) {
+    if mla {
+        let shape = match (args.mla_rank, args.rope_dim) {
             (Some(rank), Some(rope_dim)) => CacheShape::Mla {
                 layers,
                 rank,
@@ -120,28 +139,44 @@ fn shape(args: &CapacityArgs) -> Result<(Source, CacheShape)> {
                     ("--rope-dim", d.is_some()),
                 ]))
             }
-        }
-    } else {
-        match (args.kv_heads, args.head_dim) {
-            (Some(kv_heads), Some(head_dim)) => CacheShape::Mha {
-                layers,
-                kv_heads,
-                head_dim,
-            },
-            (h, d) => {
-                return Err(missing([
-                    ("--kv-heads", h.is_some()),
-                    ("--head-dim", d.is_some()),
-                ]))
+        };
+        let request = match (args.q_heads, args.head_dim) {
+            (Some(q_heads), Some(head_dim)) => Some((q_heads, head_dim)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(invalid(
+                    "--q-heads needs --head-dim: the K and V head dim of the MHA cache the \
+                     latent is compared with",
+                ))
             }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "--head-dim with an MLA shape (--mla-rank, --rope-dim) sizes the MHA \
+                     comparison and needs --q-heads too",
+                ))
+            }
+        };
+        return Ok((Source::Explicit, shape, request));
+    }
+    let shape = match (args.kv_heads, args.head_dim) {
+        (Some(kv_heads), Some(head_dim)) => CacheShape::Mha {
+            layers,
+            kv_heads,
+            head_dim,
+        },
+        (h, d) => {
+            return Err(missing([
+                ("--kv-heads", h.is_some()),
+                ("--head-dim", d.is_some()),
+            ]))
         }
     };
-    Ok((Source::Explicit, shape))
+    Ok((Source::Explicit, shape, None))
 }
 
 /// Computes the capacity (and the budget fit) and prints them as text or JSON.
 pub fn run(args: &CapacityArgs) -> Result<()> {
-    let (source, shape) = shape(args)?;
+    let (source, shape, request) = shape(args)?;
     let dtype: KvDtype = args.dtype.parse()?;
     let scales: ScaleGranularity = match &args.scales {
         Some(s) => s.parse()?,
@@ -157,6 +192,10 @@ pub fn run(args: &CapacityArgs) -> Result<()> {
         seqs: args.seqs,
     };
     let cap = evaluate(&query)?;
+    let vs_mha = match request {
+        Some((q_heads, head_dim)) => Some(compare_to_mha(shape, q_heads, head_dim, dtype, scales)?),
+        None => None,
+    };
     let budget = match &args.budget_bytes {
         Some(b) => {
             let bytes = parse_byte_size(b)?;
@@ -177,9 +216,9 @@ pub fn run(args: &CapacityArgs) -> Result<()> {
         Source::Explicit => shape.to_string(),
     };
     if args.json {
-        println!("{:#}", json(&source, &query, &cap, budget));
+        println!("{:#}", json(&source, &query, &cap, vs_mha.as_ref(), budget));
     } else {
-        print!("{}", text(&label, &query, &cap, budget));
+        print!("{}", text(&label, &query, &cap, vs_mha.as_ref(), budget));
     }
     Ok(())
 }
@@ -188,6 +227,7 @@ fn json(
     source: &Source,
     q: &CapacityQuery,
     c: &Capacity,
+    vs_mha: Option<&MhaComparison>,
     budget: Option<(u64, BudgetFit)>,
 ) -> serde_json::Value {
     let mut v = serde_json::json!({
@@ -216,6 +256,26 @@ fn json(
     if let Source::Preset(p) = source {
         o.insert("q_heads".into(), p.q_heads.into());
     }
+    if let Some(m) = vs_mha {
+        if let CacheShape::Mha {
+            kv_heads, head_dim, ..
+        } = m.mha
+        {
+            // An explicit shape's query heads are known only from --q-heads.
+            o.insert("q_heads".into(), kv_heads.into());
+            o.insert("mha_equivalent_head_dim".into(), head_dim.into());
+        }
+        o.insert(
+            "mha_equivalent_values_per_token".into(),
+            m.mha_values_per_token.into(),
+        );
+        o.insert(
+            "mha_equivalent_bytes_per_token".into(),
+            m.mha_bytes_per_token.into(),
+        );
+        o.insert("mha_ratio_values".into(), m.ratio_values.into());
+        o.insert("mha_ratio_bytes".into(), m.ratio_bytes.into());
+    }
     match q.shape {
         CacheShape::Mha {
             kv_heads, head_dim, ..
@@ -236,7 +296,13 @@ fn json(
     v
 }
 
-fn text(label: &str, q: &CapacityQuery, c: &Capacity, budget: Option<(u64, BudgetFit)>) -> String {
+fn text(
+    label: &str,
+    q: &CapacityQuery,
+    c: &Capacity,
+    vs_mha: Option<&MhaComparison>,
+    budget: Option<(u64, BudgetFit)>,
+) -> String {
     let scales = match (q.dtype.fp8_format(), q.scales) {
         (Some(_), ScaleGranularity::PerToken) => " (per-token scales)",
         _ => "",
@@ -263,6 +329,21 @@ fn text(label: &str, q: &CapacityQuery, c: &Capacity, budget: Option<(u64, Budge
         plural(q.seqs, "seq"),
         sized(c.total_bytes),
     );
+    if let Some(m) = vs_mha {
+        if let CacheShape::Mha {
+            kv_heads, head_dim, ..
+        } = m.mha
+        {
+            out += &format!(
+                "vs MHA of the same {kv_heads} heads (K and V of {head_dim} dims): {} values/token, \
+                 {:.1}x the latent's values ({} bytes/token, {:.1}x the latent's bytes)\n",
+                thousands(m.mha_values_per_token),
+                m.ratio_values,
+                thousands(m.mha_bytes_per_token),
+                m.ratio_bytes,
+            );
+        }
+    }
     if let Some((bytes, fit)) = budget {
         out += &format!(
             "budget {}: max {} {}; max {} {} of {} {}\n",
