@@ -19,6 +19,12 @@
 //
 // Scores follow DESIGN.md section 2: scale, softcap, ALiBi, mask (bottom-right causal, window).
 //
+// MLA (absorbed, DeepSeek-V2) is the same computation over a latent cache: with ROPE_DIM > 0 a
+// key is [K pool row ; V pool row] (the latent c_kv, K_DIM values in any format, then the rotated
+// RoPE key k_pe, ROPE_DIM values) and the value is the K pool row again, so OUT_DIM = K_DIM and
+// the queries are [q_lat ; q_pe]. One latent row serves every head of a tile: MQA with head dims
+// K_DIM + ROPE_DIM and K_DIM.
+//
 // Quantized K/V (FP8, int8) are read as codes (kv_load4_codes) and their scales are applied once
 // per key rather than per value: a K row's scale multiplies its dot products, a V row's scale its
 // probabilities (after the running sums have read them), and a per-tensor V scale the output
@@ -55,14 +61,18 @@ override WG: u32 = 64u;
 override GROUP: u32 = 1u;
 // Rows per tile (<= MAX_TILE, and ACC_COLS * ACC_ROWS <= MAX_ACC).
 override TILE: u32 = 1u;
+// MLA: RoPE dims of a key, read from the V pool (0: ordinary K/V).
+override ROPE_DIM: u32 = 0u;
+// Dims of an output row (V_DIM, or K_DIM for MLA). A query row has K_DIM + ROPE_DIM.
+override OUT_DIM: u32 = 128u;
 
 const MAX_TILE: u32 = 16u;
 const MAX_ACC: u32 = 8u;
-// Output accumulators: V_DIM / 4 columns (vec4) over the workgroup. With at most WG columns,
+// Output accumulators: OUT_DIM / 4 columns (vec4) over the workgroup. With at most WG columns,
 // LANES invocations share a column and each holds ACC_ROWS rows of it; with more, each
 // invocation holds ACC_COLS columns of every row.
-override ACC_COLS: u32 = (V_DIM / 4u + WG - 1u) / WG;
-override LANES: u32 = max(1u, WG / (V_DIM / 4u));
+override ACC_COLS: u32 = (OUT_DIM / 4u + WG - 1u) / WG;
+override LANES: u32 = max(1u, WG / (OUT_DIM / 4u));
 override ACC_ROWS: u32 = (TILE + LANES - 1u) / LANES;
 const FLAG_CAUSAL: u32 = 1u;
 const FLAG_ALIBI: u32 = 2u;
@@ -71,20 +81,20 @@ const ITEM_WORDS: u32 = 8u;
 const SEQ_WORDS: u32 = 4u;
 
 @group(0) @binding(0) var<uniform> params: PagedParams;
-// [total_q, Hq, K_DIM / 4]
+// [total_q, Hq, (K_DIM + ROPE_DIM) / 4]
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k_pool: array<u32>;
 @group(0) @binding(3) var<storage, read> v_pool: array<u32>;
 // Work items (seq, first row, rows, key start, key end, 3 unused), sequences (first query
 // token, len_q, len_k, block table offset), ALiBi slopes (f32 bits), block tables, item lists.
 @group(0) @binding(4) var<storage, read> plan: array<u32>;
-// Partial states: [item, kv head, TILE, V_DIM / 4] and [item, kv head, TILE].
+// Partial states: [item, kv head, TILE, OUT_DIM / 4] and [item, kv head, TILE].
 @group(0) @binding(5) var<storage, read_write> o_part: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> lse_part: array<f32>;
 @group(0) @binding(7) var<uniform> k_tensor: TensorScale;
 @group(0) @binding(8) var<uniform> v_tensor: TensorScale;
 
-var<workgroup> q_tile: array<real4, TILE * K_DIM / 4u>;
+var<workgroup> q_tile: array<real4, TILE * (K_DIM + ROPE_DIM) / 4u>;
 var<workgroup> scores: array<f32, TILE * WG>;
 var<workgroup> row_max: array<f32, MAX_TILE>;
 var<workgroup> row_sum: array<f32, MAX_TILE>;
@@ -100,7 +110,7 @@ var<workgroup> key_row: array<u32, WG>;
 // Column of accumulator set m of invocation tid.
 fn acc_col(tid: u32, m: u32) -> u32 {
     if ACC_COLS == 1u {
-        return tid % (V_DIM / 4u);
+        return tid % (OUT_DIM / 4u);
     }
     return tid + m * WG;
 }
@@ -108,7 +118,7 @@ fn acc_col(tid: u32, m: u32) -> u32 {
 // Which of a column's LANES an invocation is.
 fn acc_lane(tid: u32) -> u32 {
     if ACC_COLS == 1u {
-        return tid / (V_DIM / 4u);
+        return tid / (OUT_DIM / 4u);
     }
     return 0u;
 }
@@ -125,6 +135,20 @@ fn kv_tensor_scale(which: u32) -> f32 {
         return k_tensor.scale;
     }
     return v_tensor.scale;
+}
+
+// The pool the values come from: V, or K (the latent) for MLA.
+fn value_pool() -> u32 {
+    if ROPE_DIM > 0u {
+        return 0u;
+    }
+    return 1u;
+}
+
+// The per-tensor scale of the values (1 unless they have one), applied to the output once.
+fn value_tensor_scale() -> f32 {
+    let w = value_pool();
+    return select(1.0, kv_tensor_scale(w), kv_per_tensor_of(w));
 }
 
 // The kernel body; the entry point `main` and the row reductions `rows_update_max` /
@@ -144,7 +168,9 @@ fn attend(wid: vec3<u32>, tid: u32) {
     let len_k = plan[sb + 2u];
     let table = plan[sb + 3u];
     let d4 = K_DIM / 4u;
-    let dv4 = V_DIM / 4u;
+    let q4 = (K_DIM + ROPE_DIM) / 4u;
+    let dv4 = OUT_DIM / 4u;
+    let vp = value_pool();
     let causal = (params.flags & FLAG_CAUSAL) != 0u;
     let bs_shift = firstTrailingBit(params.block_size);
     let bs_mask = params.block_size - 1u;
@@ -160,13 +186,13 @@ fn attend(wid: vec3<u32>, tid: u32) {
             row_slope[tid] = select(0.0, bitcast<f32>(plan[params.slopes_at + h]), alibi);
         }
     }
-    for (var i = tid; i < TILE * d4; i += WG) {
-        let t = i / d4;
+    for (var i = tid; i < TILE * q4; i += WG) {
+        let t = i / q4;
         var v = vec4<f32>(0.0);
         if t < n_rows {
             let r = row0 + t;
             let h = kv_head * GROUP + r % GROUP;
-            v = q[((q_base + r / GROUP) * params.num_q_heads + h) * d4 + i % d4];
+            v = q[((q_base + r / GROUP) * params.num_q_heads + h) * q4 + i % q4];
         }
         q_tile[i] = real4(v);
     }
@@ -189,7 +215,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
                     for (var c = g * 8u; c < g * 8u + 8u; c++) {
                         let k = vec4<f32>(real4(kv_int4_load4(0u, row, c, sm)));
                         for (var t = 0u; t < TILE; t++) {
-                            dots[t] += dot(vec4<f32>(q_tile[t * d4 + c]), k);
+                            dots[t] += dot(vec4<f32>(q_tile[t * q4 + c]), k);
                         }
                     }
                 }
@@ -197,16 +223,25 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 for (var c = 0u; c < d4; c++) {
                     let k = vec4<f32>(real4(kv_load4_codes(0u, row, c)));
                     for (var t = 0u; t < TILE; t++) {
-                        dots[t] += dot(vec4<f32>(q_tile[t * d4 + c]), k);
+                        dots[t] += dot(vec4<f32>(q_tile[t * q4 + c]), k);
                     }
                 }
             }
             let k_scale = kv_row_scale(0u, row);
-            if kv_row_scaled(1u) {
-                v_row_scale[tid] = kv_row_scale(1u, row);
+            if kv_row_scaled(vp) {
+                v_row_scale[tid] = kv_row_scale(vp, row);
             }
             for (var t = 0u; t < TILE; t++) {
                 dots[t] *= k_scale;
+            }
+            // MLA: the RoPE part of the key, decoded in full (16-bit or f32, no row scale).
+            for (var c = 0u; c < ROPE_DIM / 4u; c++) {
+                let k = vec4<f32>(real4(kv_load4(1u, row, c)));
+                for (var t = 0u; t < TILE; t++) {
+                    dots[t] += dot(vec4<f32>(q_tile[t * q4 + d4 + c]), k);
+                }
+            }
+            for (var t = 0u; t < TILE; t++) {
                 let p = row_pos[t];
                 var visible = true;
                 if causal {
@@ -244,7 +279,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
         // 4. Running sums, and the tile's outputs (neighbouring invocations read neighbouring
         // values of a V row).
         rows_update_sum(tid, n_rows);
-        if kv_row_scaled(1u) {
+        if kv_row_scaled(vp) {
             // Fold each V row's scale into its probabilities once (the sums above are done).
             workgroupBarrier();
             for (var t = 0u; t < TILE; t++) {
@@ -269,7 +304,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
             }
             for (var i = 0u; i < n; i++) {
                 let row = key_row[i];
-                let v = vec4<f32>(real4(kv_load4_codes(1u, row, c)));
+                let v = vec4<f32>(real4(kv_load4_codes(vp, row, c)));
                 for (var k = 0u; k < ACC_ROWS; k++) {
                     let t = acc_lane(tid) + k * LANES;
                     if t < n_rows {
@@ -294,7 +329,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
             if t < n_rows {
                 let l = row_sum[t];
                 // A per-tensor V scale (1 otherwise) applied once, with the normalization.
-                let v_scale = select(1.0, v_tensor.scale, V_SCALE_PER_TENSOR);
+                let v_scale = value_tensor_scale();
                 o_part[(out_base + t) * dv4 + c] = acc[m * ACC_ROWS + k] * (select(0.0, 1.0 / l, l > 0.0) * v_scale);
                 if c == 0u {
                     lse_part[out_base + t] = softmax_lse(row_max[t], l);

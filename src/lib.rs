@@ -4,6 +4,7 @@ pub mod attention;
 pub mod cache;
 pub mod error;
 pub mod gpu;
+pub mod mla;
 pub mod pipeline;
 pub mod quant;
 pub mod reference;

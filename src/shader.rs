@@ -61,6 +61,11 @@ pub enum Kernel {
     CopyBlocks,
     /// Rotary position embedding at per-token positions (`shaders/rope.wgsl`).
     Rope,
+    /// Strided per-head batched matrix product, for MLA (`shaders/head_matmul.wgsl`).
+    HeadMatmul,
+    /// Strided bit-exact copy of `[rows, heads, n]` blocks, for MLA
+    /// (`shaders/strided_copy.wgsl`).
+    StridedCopy,
 }
 
 /// A host struct's layout as the layout test sees it: WGSL name, field offsets, size.
@@ -72,7 +77,7 @@ fn layout_of<T: WgslStruct>() -> StructLayout {
 
 impl Kernel {
     /// Every kernel family.
-    pub const ALL: [Kernel; 7] = [
+    pub const ALL: [Kernel; 9] = [
         Kernel::Paged,
         Kernel::Merge,
         Kernel::MergeStates,
@@ -80,6 +85,8 @@ impl Kernel {
         Kernel::AppendKv,
         Kernel::CopyBlocks,
         Kernel::Rope,
+        Kernel::HeadMatmul,
+        Kernel::StridedCopy,
     ];
 
     /// Name used in labels, errors and pipeline keys.
@@ -92,6 +99,8 @@ impl Kernel {
             Kernel::AppendKv => "append_kv",
             Kernel::CopyBlocks => "copy_blocks",
             Kernel::Rope => "rope",
+            Kernel::HeadMatmul => "head_matmul",
+            Kernel::StridedCopy => "strided_copy",
         }
     }
 
@@ -104,6 +113,8 @@ impl Kernel {
             Kernel::AppendKv => include_str!("../shaders/append_kv.wgsl"),
             Kernel::CopyBlocks => include_str!("../shaders/copy_blocks.wgsl"),
             Kernel::Rope => include_str!("../shaders/rope.wgsl"),
+            Kernel::HeadMatmul => include_str!("../shaders/head_matmul.wgsl"),
+            Kernel::StridedCopy => include_str!("../shaders/strided_copy.wgsl"),
         }
     }
 
@@ -115,6 +126,7 @@ impl Kernel {
             Kernel::AppendKv => &[LIB_KV_FORMAT, LIB_KV_STORE],
             Kernel::CopyBlocks => &[],
             Kernel::Rope => &[],
+            Kernel::HeadMatmul | Kernel::StridedCopy => &[],
         }
     }
 
@@ -132,7 +144,9 @@ impl Kernel {
             | Kernel::Dequant
             | Kernel::AppendKv
             | Kernel::CopyBlocks
-            | Kernel::Rope => &[Precision::F32],
+            | Kernel::Rope
+            | Kernel::HeadMatmul
+            | Kernel::StridedCopy => &[Precision::F32],
         }
     }
 
@@ -154,6 +168,12 @@ impl Kernel {
             ],
             Kernel::CopyBlocks => vec![layout_of::<crate::cache::copy_blocks::CopyParams>()],
             Kernel::Rope => vec![layout_of::<crate::rope::RopeParams>()],
+            Kernel::HeadMatmul => {
+                vec![layout_of::<crate::mla::head_matmul::HeadMatmulParams>()]
+            }
+            Kernel::StridedCopy => {
+                vec![layout_of::<crate::mla::strided_copy::StridedCopyParams>()]
+            }
         }
     }
 
@@ -168,6 +188,8 @@ impl Kernel {
             Kernel::AppendKv => crate::cache::append_kv::representative_constants(),
             Kernel::CopyBlocks => crate::cache::copy_blocks::representative_constants(),
             Kernel::Rope => crate::rope::representative_constants(),
+            Kernel::HeadMatmul => crate::mla::head_matmul::representative_constants(),
+            Kernel::StridedCopy => crate::mla::strided_copy::representative_constants(),
         }
     }
 }

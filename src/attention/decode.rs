@@ -135,6 +135,7 @@ pub fn decode(ctx: &Context, args: &DecodeArgs) -> Result<()> {
         v: layout(args.v_dtype, shape.head_dim_v),
         blocks_per_buffer: total_k,
         num_buffers: 1,
+        mla: false,
     };
     let plan = PagedAttentionPlan::from_specs(
         ctx,

@@ -97,19 +97,22 @@ pub fn tile_rows(shape: &AttentionShape, precision: Precision) -> usize {
 }
 
 /// Override constants of the attention kernel with tiles of `tile` rows over pools of layouts `k`
-/// and `v`.
+/// and `v` (for MLA, `latent` and the RoPE keys: see [`KvGeometry::mla`]).
 pub(crate) fn constants(
     shape: &AttentionShape,
     tile: usize,
     k: &PoolLayout,
     v: &PoolLayout,
+    mla: bool,
 ) -> Vec<(&'static str, f64)> {
     vec![
         ("WG", f64::from(WG)),
         ("GROUP", shape.group() as f64),
         ("TILE", tile as f64),
-        ("K_DIM", shape.head_dim_qk as f64),
-        ("V_DIM", shape.head_dim_v as f64),
+        ("K_DIM", k.head_dim as f64),
+        ("V_DIM", v.head_dim as f64),
+        ("ROPE_DIM", if mla { v.head_dim as f64 } else { 0.0 }),
+        ("OUT_DIM", shape.head_dim_v as f64),
         ("K_DTYPE", f64::from(k.dtype.code())),
         ("V_DTYPE", f64::from(v.dtype.code())),
         (
@@ -165,8 +168,52 @@ pub fn representative_constants(precision: Precision) -> Vec<Vec<(&'static str, 
                 },
             };
             let tile = tile_rows(&shape, precision);
-            sets.push(constants(&shape, tile, &layout(k, dk), &layout(v, dv)));
+            sets.push(constants(
+                &shape,
+                tile,
+                &layout(k, dk),
+                &layout(v, dv),
+                false,
+            ));
         }
+    }
+    // MLA, absorbed: DeepSeek-V2's latent (512, FP8 per tensor and int4) with a 64-dim RoPE key,
+    // and a small latent.
+    for (heads, rank, rope, latent) in [
+        (128, 512, 64, KvDtype::Fp8E4M3),
+        (128, 512, 64, KvDtype::Int4),
+        (5, 32, 8, KvDtype::F16),
+    ] {
+        let shape = AttentionShape {
+            num_q_heads: heads,
+            num_kv_heads: 1,
+            head_dim_qk: rank + rope,
+            head_dim_v: rank,
+        };
+        let k = PoolLayout {
+            num_kv_heads: 1,
+            head_dim: rank,
+            dtype: latent,
+            block_size: 64,
+            scale: if latent.fp8_format().is_some() {
+                crate::quant::ScaleMode::PerTensor(0.5)
+            } else {
+                crate::quant::ScaleMode::PerRow
+            },
+        };
+        let v = PoolLayout {
+            head_dim: rope,
+            dtype: KvDtype::Bf16,
+            scale: crate::quant::ScaleMode::PerRow,
+            ..k
+        };
+        sets.push(constants(
+            &shape,
+            tile_rows(&shape, precision),
+            &k,
+            &v,
+            true,
+        ));
     }
     sets
 }
@@ -219,6 +266,10 @@ pub(crate) struct KvGeometry {
     /// Blocks per pool buffer (the same for K and V).
     pub blocks_per_buffer: usize,
     pub num_buffers: usize,
+    /// MLA's latent cache: the K pool holds the latent `c_kv`, the V pool the RoPE keys `k_pe`;
+    /// a key is `[c_kv ; k_pe]` and a value is `c_kv` (query dims `rank + d_rope`, output dims
+    /// `rank`).
+    pub mla: bool,
 }
 
 /// A batch planned once from its block tables; [`run`](Self::run) per layer.
@@ -251,15 +302,22 @@ fn check_shape_and_options(
 ) -> Result<()> {
     shape.validate()?;
     options.validate(shape)?;
-    geometry.k.dtype.check_head_dim(shape.head_dim_qk)?;
-    geometry.v.dtype.check_head_dim(shape.head_dim_v)?;
-    if shape.num_kv_heads != geometry.k.num_kv_heads
-        || shape.head_dim_qk != geometry.k.head_dim
-        || shape.head_dim_v != geometry.v.head_dim
+    let (k, v) = (&geometry.k, &geometry.v);
+    k.dtype.check_head_dim(k.head_dim)?;
+    v.dtype.check_head_dim(v.head_dim)?;
+    let (dims_qk, dims_v) = if geometry.mla {
+        (k.head_dim + v.head_dim, k.head_dim)
+    } else {
+        (k.head_dim, v.head_dim)
+    };
+    if shape.num_kv_heads != k.num_kv_heads
+        || shape.head_dim_qk != dims_qk
+        || shape.head_dim_v != dims_v
     {
         return Err(Error::InvalidArgument(format!(
-            "shape {shape:?} does not match the cache ({} KV heads, head dims {} and {})",
-            geometry.k.num_kv_heads, geometry.k.head_dim, geometry.v.head_dim
+            "shape {shape:?} does not match the cache ({} KV heads, head dims {dims_qk} and \
+             {dims_v})",
+            k.num_kv_heads
         )));
     }
     if precision == Precision::F16 && !ctx.caps().shader_f16 {
@@ -284,6 +342,18 @@ impl PagedAttentionPlan {
         args: &PagedAttentionArgs,
         split_tokens: usize,
     ) -> Result<Self> {
+        Self::over_cache(ctx, cache, args, split_tokens, false)
+    }
+
+    /// Plans `args.batch` over `cache`, read as an ordinary K/V cache or (`mla`) as MLA's latent
+    /// cache (see [`KvGeometry::mla`]).
+    pub(crate) fn over_cache(
+        ctx: &Context,
+        cache: &PagedKvCache,
+        args: &PagedAttentionArgs,
+        split_tokens: usize,
+        mla: bool,
+    ) -> Result<Self> {
         let c = cache.config();
         let pools = cache.layer(0)?;
         let geometry = KvGeometry {
@@ -291,6 +361,7 @@ impl PagedAttentionPlan {
             v: c.v_layout(),
             blocks_per_buffer: pools.k.blocks_per_buffer(),
             num_buffers: pools.k.buffers().len(),
+            mla,
         };
         if args.batch.is_empty() {
             return Err(Error::InvalidArgument("an empty batch".into()));
@@ -544,7 +615,13 @@ impl PagedAttentionPlan {
         };
         let constants = match kernel {
             Kernel::Merge => crate::attention::merge::constants(&self.shape, self.tile),
-            _ => constants(&self.shape, self.tile, &self.geometry.k, &self.geometry.v),
+            _ => constants(
+                &self.shape,
+                self.tile,
+                &self.geometry.k,
+                &self.geometry.v,
+                self.geometry.mla,
+            ),
         };
         let subgroups = self.subgroups && kernel.has_subgroup_variant();
         PipelineKey::new(
@@ -590,25 +667,56 @@ impl PagedAttentionPlan {
                 self.geometry.num_buffers
             )));
         }
+        for (buffer, &pair) in pools.iter().enumerate() {
+            self.attend_buffer(ctx, buffer, pair, scales, q)?;
+        }
+        self.merge_into(ctx, out, lse)
+    }
+
+    /// The work items whose keys lie in pool buffer `buffer`, bound as `pools` (K, V): their
+    /// partial states, for [`merge_into`](Self::merge_into) once every buffer is done. The
+    /// buffers' contents need to stay only until this call is submitted, so one scratch pair can
+    /// serve every buffer in turn. `q` must hold the batch (callers check its size).
+    pub(crate) fn attend_buffer(
+        &self,
+        ctx: &Context,
+        buffer: usize,
+        pools: (&wgpu::Buffer, &wgpu::Buffer),
+        scales: (&wgpu::Buffer, &wgpu::Buffer),
+        q: &wgpu::Buffer,
+    ) -> Result<()> {
         let pipeline = ctx.pipeline(&self.pipeline_key(Kernel::Paged))?;
-        for (buffer, list_len, uniform) in &self.dispatches {
-            let (k, v) = pools[*buffer];
+        for (b, list_len, uniform) in &self.dispatches {
+            if *b != buffer {
+                continue;
+            }
             ctx.dispatch(
                 &pipeline,
                 &[
                     uniform,
                     q,
-                    k,
-                    v,
+                    pools.0,
+                    pools.1,
                     &self.meta,
                     &self.o_part,
                     &self.lse_part,
                     scales.0,
                     scales.1,
                 ],
-                [*list_len as u32, s.num_kv_heads as u32, 1],
+                [*list_len as u32, self.shape.num_kv_heads as u32, 1],
             )?;
         }
+        Ok(())
+    }
+
+    /// Merges every item's partial state into `out` and `lse` (sizes checked by the caller).
+    pub(crate) fn merge_into(
+        &self,
+        ctx: &Context,
+        out: &wgpu::Buffer,
+        lse: &wgpu::Buffer,
+    ) -> Result<()> {
+        let s = &self.shape;
         let merge_pipeline = ctx.pipeline(&self.pipeline_key(Kernel::Merge))?;
         merge(
             ctx,

@@ -1,9 +1,14 @@
-//! The WGSL decoders of every KV format against the CPU codec, bit for bit.
+//! The WGSL decoders of every KV format against the CPU codec, bit for bit, on rows back to
+//! back and gathered from the blocks of a paged cache.
 
-use kvattn::quant::dequant::dequantize;
+use kvattn::cache::paged::{PagedKvCache, PagedKvConfig, PoolSize};
+use kvattn::cache::pool::BlockPool;
+use kvattn::cache::scales::CacheScales;
+use kvattn::quant::dequant::{dequantize, dequantize_gather};
 use kvattn::quant::{decode_rows, encode_rows, EncodedRows, KvDtype, ScaleMode};
+use kvattn::Error;
 
-use crate::common::{gpu, Rng};
+use crate::common::{gpu, gpu_capped, Rng};
 
 fn assert_bit_exact(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
@@ -88,4 +93,142 @@ fn random_rows_of_every_format_decode_bit_exact() {
             }
         }
     }
+}
+
+/// The NaN rows of the gather output keep when nothing is written to them.
+const SENTINEL: u32 = 0x7fc0_5a5a;
+
+/// Per pool buffer, the (out row, pool row) pairs that gather `tokens` of `table` into out rows
+/// `first_out ..` in the given order.
+fn gather_pairs(
+    pool: &BlockPool,
+    table: &[u32],
+    tokens: &[usize],
+    first_out: u32,
+) -> Vec<Vec<(u32, u32)>> {
+    let layout = pool.layout();
+    let mut per_buffer = vec![Vec::new(); pool.buffers().len()];
+    for (j, &t) in tokens.iter().enumerate() {
+        let (buffer, local) = pool.locate(table[t / layout.block_size]).unwrap();
+        // One KV head: row = block * block_rows + head * block_size + slot.
+        let row = local * layout.block_rows() + t % layout.block_size;
+        per_buffer[buffer].push((first_out + j as u32, row as u32));
+    }
+    per_buffer
+}
+
+/// Rows of a sequence in a real paged cache (1 KV head, blocks in shuffled order, pools split
+/// over several 64 KiB buffers for the wide rows), gathered in shuffled order into a NaN-filled
+/// buffer: every listed row equals the CPU decode of the stored row bit for bit, the others stay
+/// NaN.
+#[test]
+fn gather_from_a_paged_pool_decodes_bit_exact() {
+    let ctx = gpu_capped();
+    let mut rng = Rng::new(17);
+    let formats = [
+        (KvDtype::F16, CacheScales::PerRow),
+        (KvDtype::Bf16, CacheScales::PerRow),
+        (KvDtype::Fp8E4M3, CacheScales::PerRow),
+        (KvDtype::Fp8E4M3, CacheScales::PerTensor(vec![0.37])),
+        (KvDtype::Int8, CacheScales::PerRow),
+        (KvDtype::Int4, CacheScales::PerRow),
+    ];
+    let len = 37usize;
+    let mut split_seen = false;
+    for (dtype, scales) in formats {
+        for head_dim in [64usize, 512] {
+            for block_size in [16usize, 1] {
+                let what = format!("{dtype} {scales:?} d{head_dim} block {block_size}");
+                let cfg = PagedKvConfig {
+                    k_scales: scales.clone(),
+                    v_scales: scales.clone(),
+                    block_size,
+                    prefix_caching: false,
+                    ..PagedKvConfig::new(1, 1, head_dim, dtype)
+                };
+                let blocks = len.div_ceil(block_size) + 5;
+                let mut cache = PagedKvCache::new(ctx, cfg, PoolSize::Blocks(blocks)).unwrap();
+                cache.shuffle_free_blocks(rng.next_u64());
+                cache.add_sequence(0, &[]).unwrap();
+                let mut k = rng.normals(len * head_dim, 2.0);
+                for i in (0..k.len()).step_by(13) {
+                    k[i] *= 300.0;
+                }
+                let v = rng.normals(len * head_dim, 0.5);
+                let tokens: Vec<u32> = (0..len as u32).collect();
+                cache.append_host(ctx, 0, &tokens, &[k], &[v]).unwrap();
+                let (k_rows, v_rows) = cache.read_rows(ctx, 0, 0).unwrap();
+                let table = cache.block_table(0).unwrap().to_vec();
+                let pools = cache.layer(0).unwrap();
+                split_seen |= pools.k.buffers().len() > 1;
+                // Tokens in shuffled order, into out rows 2 .. len + 2 of len + 3.
+                let mut order: Vec<usize> = (0..len).collect();
+                for i in (1..len).rev() {
+                    order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+                }
+                for (name, pool, stored) in [("K", &pools.k, &k_rows), ("V", &pools.v, &v_rows)] {
+                    let want = decode_rows(stored).unwrap();
+                    let out_rows = len + 3;
+                    let out = ctx
+                        .filled("gather out", out_rows * head_dim, f32::from_bits(SENTINEL))
+                        .unwrap();
+                    for (b, pairs) in gather_pairs(pool, &table, &order, 2).iter().enumerate() {
+                        if !pairs.is_empty() {
+                            dequantize_gather(ctx, &pool.buffers()[b], pool.layout(), pairs, &out)
+                                .unwrap_or_else(|e| panic!("{what} {name}: {e}"));
+                        }
+                    }
+                    let got: Vec<f32> = ctx.read_back(&out, out_rows * head_dim).unwrap();
+                    for r in 0..out_rows {
+                        let row = &got[r * head_dim..(r + 1) * head_dim];
+                        if r < 2 || r >= len + 2 {
+                            assert!(
+                                row.iter().all(|x| x.to_bits() == SENTINEL),
+                                "{what} {name}: out row {r} is not listed but was written"
+                            );
+                        } else {
+                            let t = order[r - 2];
+                            assert_bit_exact(
+                                &format!("{what} {name}: token {t} in out row {r}"),
+                                row,
+                                &want[t * head_dim..(t + 1) * head_dim],
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(split_seen, "no pool spanned several buffers");
+}
+
+#[test]
+fn gather_refuses_bad_input() {
+    let ctx = gpu();
+    let cfg = PagedKvConfig::new(1, 1, 64, KvDtype::Int8);
+    let cache = PagedKvCache::new(ctx, cfg, PoolSize::Blocks(4)).unwrap();
+    let pool = &cache.layer(0).unwrap().k;
+    let layout = pool.layout();
+    let buffer = &pool.buffers()[0];
+    let out = ctx.filled("out", 8 * 64, f32::from_bits(SENTINEL)).unwrap();
+    let rows = 4 * layout.block_rows() as u32;
+    let bad = [
+        ("no pairs", vec![]),
+        ("pool row past the buffer", vec![(0, rows)]),
+        ("out row past out", vec![(8, 0)]),
+        ("out row twice", vec![(1, 0), (1, 3)]),
+    ];
+    for (what, pairs) in bad {
+        match dequantize_gather(ctx, buffer, layout, &pairs, &out) {
+            Err(Error::InvalidArgument(_)) | Err(Error::ShapeMismatch { .. }) => {}
+            other => panic!("{what}: expected a typed error, got {other:?}"),
+        }
+    }
+    let mut wide = *layout;
+    wide.head_dim = 66;
+    assert!(dequantize_gather(ctx, buffer, &wide, &[(0, 0)], &out).is_err());
+    let got: Vec<u32> = ctx.read_back(&out, 8 * 64).unwrap();
+    assert!(got.iter().all(|&x| x == SENTINEL), "an error wrote to out");
+    // The last row of the pool and of out are in range.
+    dequantize_gather(ctx, buffer, layout, &[(7, rows - 1)], &out).unwrap();
 }

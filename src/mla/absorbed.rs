@@ -1,0 +1,155 @@
+//! The absorbed MLA path: `q_lat = W_UK^T q_nope` per head, attention over the latent cache
+//! (the paged kernel in its MLA mode, `shaders/paged.wgsl`), then `out = W_UV^T o_lat` per head.
+
+use super::cache::MlaCache;
+use super::head_matmul::{head_matmul, HeadMatmul, RowStrides};
+use super::plan::{MlaArgs, MlaIo};
+use super::strided_copy::{strided_copy, StridedCopy};
+use super::weights::MlaWeights;
+use crate::attention::paged::{PagedAttentionArgs, PagedAttentionPlan, SPLIT_TOKENS};
+use crate::attention::{AttentionOptions, AttentionShape};
+use crate::gpu::Context;
+use crate::reference::mla::MlaShape;
+use crate::Result;
+
+/// The attention shape the paged kernel sees: MQA over `[c_kv ; k_pe]` keys and `c_kv` values.
+pub(crate) fn latent_shape(s: &MlaShape) -> AttentionShape {
+    AttentionShape {
+        num_q_heads: s.num_heads,
+        num_kv_heads: 1,
+        head_dim_qk: s.rank + s.d_rope,
+        head_dim_v: s.rank,
+    }
+}
+
+/// Plan and scratch buffers of the absorbed path.
+#[derive(Debug)]
+pub(crate) struct AbsorbedPlan {
+    shape: MlaShape,
+    total_q: usize,
+    attention: PagedAttentionPlan,
+    /// `[total_q, H, rank + d_rope]`: absorbed queries joined with the RoPE queries.
+    q_cat: wgpu::Buffer,
+    /// `[total_q, H, rank]`: the latent outputs.
+    o_lat: wgpu::Buffer,
+}
+
+impl AbsorbedPlan {
+    pub(crate) fn new(ctx: &Context, cache: &MlaCache, args: &MlaArgs) -> Result<Self> {
+        let s = args.shape;
+        let options = AttentionOptions {
+            scale: Some(args.scale()?),
+            ..AttentionOptions::default()
+        };
+        let attention = PagedAttentionPlan::over_cache(
+            ctx,
+            cache.cache(),
+            &PagedAttentionArgs {
+                layer: args.layer,
+                batch: args.batch,
+                shape: latent_shape(&s),
+                options: &options,
+                precision: args.precision,
+            },
+            SPLIT_TOKENS,
+            true,
+        )?;
+        let total_q = attention.total_q();
+        let rows = total_q * s.num_heads;
+        Ok(Self {
+            shape: s,
+            total_q,
+            attention,
+            q_cat: ctx.filled("mla q_cat", rows * (s.rank + s.d_rope), f32::NAN)?,
+            o_lat: ctx.filled("mla o_lat", rows * s.rank, f32::NAN)?,
+        })
+    }
+
+    pub(crate) fn run(
+        &self,
+        ctx: &Context,
+        cache: &MlaCache,
+        layer: usize,
+        weights: &MlaWeights,
+        io: &MlaIo,
+    ) -> Result<()> {
+        let s = &self.shape;
+        let (h, t) = (s.num_heads, self.total_q);
+        let q_row = s.rank + s.d_rope;
+        // q_lat[t, h, r] = sum_n q_nope[t, h, n] W_UK[h, n, r], into columns 0..rank of q_cat.
+        head_matmul(
+            ctx,
+            &HeadMatmul {
+                rows: t,
+                heads: h,
+                inner: s.d_nope,
+                n_out: s.rank,
+                x: RowStrides {
+                    offset: 0,
+                    row: h * s.d_nope,
+                    head: s.d_nope,
+                },
+                w_head: s.d_nope * s.rank,
+                w_k: s.rank,
+                w_n: 1,
+                y: RowStrides {
+                    offset: 0,
+                    row: h * q_row,
+                    head: q_row,
+                },
+            },
+            io.q_nope,
+            weights.w_uk(),
+            &self.q_cat,
+        )?;
+        // q_pe into columns rank.. of q_cat.
+        strided_copy(
+            ctx,
+            &StridedCopy {
+                rows: t,
+                heads: h,
+                n: s.d_rope,
+                src: RowStrides {
+                    offset: 0,
+                    row: h * s.d_rope,
+                    head: s.d_rope,
+                },
+                dst: RowStrides {
+                    offset: s.rank,
+                    row: h * q_row,
+                    head: q_row,
+                },
+            },
+            io.q_pe,
+            &self.q_cat,
+        )?;
+        self.attention
+            .run(ctx, cache.cache(), layer, &self.q_cat, &self.o_lat, io.lse)?;
+        // out[t, h, v] = sum_r o_lat[t, h, r] W_UV[h, r, v].
+        head_matmul(
+            ctx,
+            &HeadMatmul {
+                rows: t,
+                heads: h,
+                inner: s.rank,
+                n_out: s.d_v,
+                x: RowStrides {
+                    offset: 0,
+                    row: h * s.rank,
+                    head: s.rank,
+                },
+                w_head: s.rank * s.d_v,
+                w_k: s.d_v,
+                w_n: 1,
+                y: RowStrides {
+                    offset: 0,
+                    row: h * s.d_v,
+                    head: s.d_v,
+                },
+            },
+            &self.o_lat,
+            weights.w_uv(),
+            io.out,
+        )
+    }
+}

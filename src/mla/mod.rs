@@ -1,0 +1,16 @@
+//! Multi-head Latent Attention (DeepSeek-V2) on the GPU: the latent paged cache
+//! ([`MlaCache`]), the layer weights ([`MlaWeights`]) and attention on the absorbed and the
+//! up-projection paths ([`MlaPlan`], [`mla_host`]). The CPU reference is
+//! [`reference::mla`](mod@crate::reference::mla).
+
+mod absorbed;
+pub mod cache;
+pub mod head_matmul;
+pub mod plan;
+pub mod strided_copy;
+mod up_proj;
+pub mod weights;
+
+pub use cache::{MlaCache, MlaCacheConfig};
+pub use plan::{mla_host, MlaArgs, MlaIo, MlaPath, MlaPlan};
+pub use weights::MlaWeights;

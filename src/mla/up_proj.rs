@@ -1,0 +1,332 @@
+//! The up-projection MLA path: latent rows expanded to per-head K and V, attended by the
+//! ordinary paged kernel, chunk by chunk.
+//!
+//! The batch's keys (every sequence's cached tokens, sequence after sequence) are numbered
+//! globally and cut into chunks of `chunk` keys. For each chunk the latent rows are decoded from
+//! the latent pools (`dequantize_gather`), expanded to `K[t, h] = [W_UK[h] c_kv_t ; k_pe_t]` and
+//! `V[t, h] = W_UV[h]^T c_kv_t` in one scratch pair, and the attention kernel runs over them as
+//! if they were pool buffer `chunk index` of an f32 MHA cache with block size 1 (block id =
+//! global key). The plan cuts work items at chunk boundaries as it cuts them at pool buffer
+//! boundaries, so the chunks' partial states are merged once, in key order, at the end.
+
+use super::cache::MlaCache;
+use super::head_matmul::{head_matmul, HeadMatmul, RowStrides};
+use super::plan::{MlaArgs, MlaIo};
+use super::strided_copy::{strided_copy, StridedCopy};
+use super::weights::MlaWeights;
+use crate::attention::paged::{
+    KvGeometry, PagedAttentionArgs, PagedAttentionPlan, SeqSpec, SPLIT_TOKENS,
+};
+use crate::attention::{AttentionOptions, AttentionShape};
+use crate::cache::pool::{PoolLayout, TensorScale};
+use crate::gpu::Context;
+use crate::quant::dequant::dequantize_gather;
+use crate::quant::{KvDtype, ScaleMode};
+use crate::reference::mla::MlaShape;
+use crate::{Error, Result};
+
+/// Latent rows to decode for one chunk: per latent pool buffer, (chunk row, pool row) pairs.
+type ChunkGather = Vec<(usize, Vec<(u32, u32)>)>;
+
+/// Plan and scratch buffers of the up-projection path.
+#[derive(Debug)]
+pub(crate) struct UpProjPlan {
+    shape: MlaShape,
+    total_q: usize,
+    total_k: usize,
+    chunk: usize,
+    attention: PagedAttentionPlan,
+    gathers: Vec<ChunkGather>,
+    /// `[total_q, H, d_nope + d_rope]`.
+    q_cat: wgpu::Buffer,
+    /// `[chunk, rank]` and `[chunk, d_rope]`: the chunk's decoded latent rows and RoPE keys.
+    c_kv: wgpu::Buffer,
+    k_pe: wgpu::Buffer,
+    /// `[chunk, H, d_nope + d_rope]` and `[chunk, H, d_v]`: the chunk's expanded K and V.
+    k_exp: wgpu::Buffer,
+    v_exp: wgpu::Buffer,
+    /// The expanded pools' (unit) tensor scale.
+    unit_scale: wgpu::Buffer,
+}
+
+/// Keys per chunk: as many as one binding holds expanded, or `requested`.
+fn chunk_tokens(ctx: &Context, s: &MlaShape, requested: Option<usize>) -> Result<usize> {
+    let caps = ctx.caps();
+    let binding = caps
+        .max_storage_buffer_binding_size
+        .min(caps.max_buffer_size);
+    let row_bytes = (s.num_heads * (s.d_nope + s.d_rope).max(s.d_v) * 4) as u64;
+    let fit = (binding / row_bytes) as usize;
+    if fit == 0 {
+        return Err(Error::TooLarge {
+            what: "one expanded key row of every head".into(),
+            bytes: row_bytes,
+            limit: binding,
+        });
+    }
+    match requested {
+        Some(0) => Err(Error::InvalidArgument(
+            "the up-projection chunk needs at least one key".into(),
+        )),
+        Some(n) if n > fit => Err(Error::TooLarge {
+            what: format!("an up-projection chunk of {n} keys"),
+            bytes: n as u64 * row_bytes,
+            limit: binding,
+        }),
+        Some(n) => Ok(n),
+        None => Ok(fit),
+    }
+}
+
+impl UpProjPlan {
+    pub(crate) fn new(ctx: &Context, cache: &MlaCache, args: &MlaArgs) -> Result<Self> {
+        let s = args.shape;
+        let h = s.num_heads;
+        let dq = s.d_nope + s.d_rope;
+        if args.batch.is_empty() {
+            return Err(Error::InvalidArgument("an empty batch".into()));
+        }
+        let latent = cache.cache();
+        let alloc = latent.allocator();
+        let pools = latent.layer(0)?;
+        let (bs, bpb) = (latent.config().block_size, pools.k.blocks_per_buffer());
+        // Every sequence's keys, numbered globally; its table maps key j to block k_base + j.
+        let mut seqs = Vec::with_capacity(args.batch.len());
+        let mut latent_rows: Vec<(usize, u32)> = Vec::new();
+        let (mut q_base, mut k_base) = (0, 0);
+        for query in args.batch {
+            let len_k = alloc.len(query.seq)?;
+            let table = alloc.blocks(query.seq)?;
+            for j in 0..len_k {
+                let block = table[j / bs] as usize;
+                let row = (block % bpb) * bs + j % bs;
+                latent_rows.push((block / bpb, row as u32));
+            }
+            seqs.push(SeqSpec {
+                q_base,
+                len_q: query.len_q,
+                len_k,
+                table: (k_base..k_base + len_k).map(|b| b as u32).collect(),
+            });
+            q_base += query.len_q;
+            k_base += len_k;
+        }
+        let total_k = k_base;
+        let chunk = chunk_tokens(ctx, &s, args.up_proj_chunk)?.min(total_k.max(1));
+        if total_k > u32::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "{total_k} keys exceed the u32 block ids of the expanded cache"
+            )));
+        }
+        let gathers = latent_rows
+            .chunks(chunk)
+            .map(|rows| {
+                let mut by_buffer: ChunkGather = Vec::new();
+                for (i, &(buffer, row)) in rows.iter().enumerate() {
+                    match by_buffer.iter_mut().find(|(b, _)| *b == buffer) {
+                        Some((_, pairs)) => pairs.push((i as u32, row)),
+                        None => by_buffer.push((buffer, vec![(i as u32, row)])),
+                    }
+                }
+                by_buffer
+            })
+            .collect::<Vec<_>>();
+        let expanded = |head_dim| PoolLayout {
+            num_kv_heads: h,
+            head_dim,
+            dtype: KvDtype::F32,
+            block_size: 1,
+            scale: ScaleMode::PerRow,
+        };
+        let geometry = KvGeometry {
+            k: expanded(dq),
+            v: expanded(s.d_v),
+            blocks_per_buffer: chunk,
+            num_buffers: gathers.len(),
+            mla: false,
+        };
+        let options = AttentionOptions {
+            scale: Some(args.scale()?),
+            ..AttentionOptions::default()
+        };
+        let attention = PagedAttentionPlan::from_specs(
+            ctx,
+            &PagedAttentionArgs {
+                layer: args.layer,
+                batch: args.batch,
+                shape: AttentionShape {
+                    num_q_heads: h,
+                    num_kv_heads: h,
+                    head_dim_qk: dq,
+                    head_dim_v: s.d_v,
+                },
+                options: &options,
+                precision: args.precision,
+            },
+            &geometry,
+            &seqs,
+            SPLIT_TOKENS,
+        )?;
+        let total_q = q_base;
+        Ok(Self {
+            shape: s,
+            total_q,
+            total_k,
+            chunk,
+            attention,
+            gathers,
+            q_cat: ctx.filled("mla q_cat", total_q * h * dq, f32::NAN)?,
+            c_kv: ctx.filled("mla chunk c_kv", chunk * s.rank, f32::NAN)?,
+            k_pe: ctx.filled("mla chunk k_pe", chunk * s.d_rope, f32::NAN)?,
+            k_exp: ctx.filled("mla chunk K", chunk * h * dq, f32::NAN)?,
+            v_exp: ctx.filled("mla chunk V", chunk * h * s.d_v, f32::NAN)?,
+            unit_scale: ctx.uniform(
+                "unit tensor scale",
+                &TensorScale {
+                    scale: 1.0,
+                    inv_scale: 1.0,
+                    ..Default::default()
+                },
+            ),
+        })
+    }
+
+    pub(crate) fn run(
+        &self,
+        ctx: &Context,
+        cache: &MlaCache,
+        layer: usize,
+        weights: &MlaWeights,
+        io: &MlaIo,
+    ) -> Result<()> {
+        let s = &self.shape;
+        let (h, t) = (s.num_heads, self.total_q);
+        let dq = s.d_nope + s.d_rope;
+        let config = cache.cache().config();
+        let (k_layout, v_layout) = (config.k_layout_of(layer), config.v_layout_of(layer));
+        let pools = cache.cache().layer(layer)?;
+        // q = [q_nope ; q_pe] per head.
+        for (src, n, offset, row) in [
+            (io.q_nope, s.d_nope, 0, s.d_nope),
+            (io.q_pe, s.d_rope, s.d_nope, s.d_rope),
+        ] {
+            strided_copy(
+                ctx,
+                &StridedCopy {
+                    rows: t,
+                    heads: h,
+                    n,
+                    src: RowStrides {
+                        offset: 0,
+                        row: h * row,
+                        head: row,
+                    },
+                    dst: RowStrides {
+                        offset,
+                        row: h * dq,
+                        head: dq,
+                    },
+                },
+                src,
+                &self.q_cat,
+            )?;
+        }
+        let k_rows = RowStrides {
+            offset: 0,
+            row: h * dq,
+            head: dq,
+        };
+        for (b, gather) in self.gathers.iter().enumerate() {
+            let rows = self.chunk.min(self.total_k - b * self.chunk);
+            for (buffer, pairs) in gather {
+                dequantize_gather(
+                    ctx,
+                    &pools.k.buffers()[*buffer],
+                    &k_layout,
+                    pairs,
+                    &self.c_kv,
+                )?;
+                dequantize_gather(
+                    ctx,
+                    &pools.v.buffers()[*buffer],
+                    &v_layout,
+                    pairs,
+                    &self.k_pe,
+                )?;
+            }
+            let latent = RowStrides {
+                offset: 0,
+                row: s.rank,
+                head: 0,
+            };
+            // K_nope[t, h, n] = sum_r c_kv[t, r] W_UK[h, n, r], into columns 0..d_nope.
+            head_matmul(
+                ctx,
+                &HeadMatmul {
+                    rows,
+                    heads: h,
+                    inner: s.rank,
+                    n_out: s.d_nope,
+                    x: latent,
+                    w_head: s.d_nope * s.rank,
+                    w_k: 1,
+                    w_n: s.rank,
+                    y: k_rows,
+                },
+                &self.c_kv,
+                weights.w_uk(),
+                &self.k_exp,
+            )?;
+            // k_pe, shared by every head, into columns d_nope..
+            strided_copy(
+                ctx,
+                &StridedCopy {
+                    rows,
+                    heads: h,
+                    n: s.d_rope,
+                    src: RowStrides {
+                        offset: 0,
+                        row: s.d_rope,
+                        head: 0,
+                    },
+                    dst: RowStrides {
+                        offset: s.d_nope,
+                        ..k_rows
+                    },
+                },
+                &self.k_pe,
+                &self.k_exp,
+            )?;
+            // V[t, h, v] = sum_r c_kv[t, r] W_UV[h, r, v].
+            head_matmul(
+                ctx,
+                &HeadMatmul {
+                    rows,
+                    heads: h,
+                    inner: s.rank,
+                    n_out: s.d_v,
+                    x: latent,
+                    w_head: s.rank * s.d_v,
+                    w_k: s.d_v,
+                    w_n: 1,
+                    y: RowStrides {
+                        offset: 0,
+                        row: h * s.d_v,
+                        head: s.d_v,
+                    },
+                },
+                &self.c_kv,
+                weights.w_uv(),
+                &self.v_exp,
+            )?;
+            self.attention.attend_buffer(
+                ctx,
+                b,
+                (&self.k_exp, &self.v_exp),
+                (&self.unit_scale, &self.unit_scale),
+                &self.q_cat,
+            )?;
+        }
+        self.attention.merge_into(ctx, io.out, io.lse)
+    }
+}

@@ -1,0 +1,368 @@
+//! MLA on the GPU vs the CPU reference (absorbed, f64): the absorbed path and the up-projection
+//! path, decode and chunks after a prefix, ragged batches, every latent format (the reference
+//! runs on the latent as the cache stores it), small odd shapes and DeepSeek-V2's.
+
+use kvattn::attention::paged::PagedQuery;
+use kvattn::cache::paged::PoolSize;
+use kvattn::cache::scales::CacheScales;
+use kvattn::gpu::Context;
+use kvattn::mla::{mla_host, MlaArgs, MlaCache, MlaCacheConfig, MlaPath, MlaPlan, MlaWeights};
+use kvattn::quant::{decode_rows, per_tensor_scale, KvDtype};
+use kvattn::reference::mla::{mla, MlaBatch, MlaShape};
+use kvattn::reference::AttentionOutput;
+use kvattn::shader::Precision;
+use kvattn::Error;
+
+use crate::common::{gpu, gpu_capped, max_abs_err, output_scale, Rng, Worst};
+
+/// A batch on the host: per sequence (len_q, len_k), its latent rows and RoPE keys (token order),
+/// the queries and one layer's weights.
+struct HostMla {
+    shape: MlaShape,
+    lens: Vec<(usize, usize)>,
+    c_kv: Vec<Vec<f32>>,
+    k_pe: Vec<Vec<f32>>,
+    q_nope: Vec<f32>,
+    q_pe: Vec<f32>,
+    w_uk: Vec<f32>,
+    w_uv: Vec<f32>,
+}
+
+impl HostMla {
+    fn new(shape: MlaShape, lens: &[(usize, usize)], seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let s = shape;
+        let total_q: usize = lens.iter().map(|l| l.0).sum();
+        Self {
+            shape,
+            lens: lens.to_vec(),
+            c_kv: lens
+                .iter()
+                .map(|l| rng.normals(l.1 * s.rank, 1.0))
+                .collect(),
+            k_pe: lens
+                .iter()
+                .map(|l| rng.normals(l.1 * s.d_rope, 1.0))
+                .collect(),
+            q_nope: rng.normals(total_q * s.num_heads * s.d_nope, 1.0),
+            q_pe: rng.normals(total_q * s.num_heads * s.d_rope, 1.0),
+            // Weights scaled so q_lat and the outputs stay of order one.
+            w_uk: rng.normals(
+                s.num_heads * s.d_nope * s.rank,
+                1.0 / (s.d_nope as f32).sqrt(),
+            ),
+            w_uv: rng.normals(s.num_heads * s.rank * s.d_v, 1.0 / (s.rank as f32).sqrt()),
+        }
+    }
+
+    /// A cache of `config` holding every sequence (sequence i is id i), appended as a prefix and
+    /// then the chunk of its queries.
+    fn cache(&self, ctx: &Context, config: MlaCacheConfig) -> MlaCache {
+        let s = &self.shape;
+        let blocks: usize = self
+            .lens
+            .iter()
+            .map(|l| l.1.div_ceil(config.block_size))
+            .sum();
+        let mut cache = MlaCache::new(ctx, config, PoolSize::Blocks(blocks + 3)).unwrap();
+        cache.cache_mut().shuffle_free_blocks(7);
+        for (i, &(lq, lk)) in self.lens.iter().enumerate() {
+            cache.cache_mut().add_sequence(i as u64, &[]).unwrap();
+            let split = lk - lq;
+            for (a, b) in [(0, split), (split, lk)] {
+                if a == b {
+                    continue;
+                }
+                let tokens: Vec<u32> = (a as u32..b as u32).collect();
+                let c = self.c_kv[i][a * s.rank..b * s.rank].to_vec();
+                let p = self.k_pe[i][a * s.d_rope..b * s.d_rope].to_vec();
+                cache
+                    .append_host(ctx, i as u64, &tokens, &[c], &[p])
+                    .unwrap();
+            }
+        }
+        cache
+    }
+
+    fn queries(&self) -> Vec<PagedQuery> {
+        self.lens
+            .iter()
+            .enumerate()
+            .map(|(i, &(lq, _))| PagedQuery {
+                seq: i as u64,
+                len_q: lq,
+            })
+            .collect()
+    }
+
+    /// The reference on the latent and RoPE keys as `cache` stores them.
+    fn reference(&self, ctx: &Context, cache: &MlaCache) -> AttentionOutput {
+        let mut c_kv = Vec::new();
+        let mut k_pe = Vec::new();
+        for i in 0..self.lens.len() {
+            let (c, p) = cache.cache().read_rows(ctx, i as u64, 0).unwrap();
+            c_kv.extend(decode_rows(&c).unwrap());
+            k_pe.extend(decode_rows(&p).unwrap());
+        }
+        let (cu_q, cu_k) = self.offsets();
+        let batch = MlaBatch {
+            q_nope: &self.q_nope,
+            q_pe: &self.q_pe,
+            c_kv: &c_kv,
+            k_pe: &k_pe,
+            w_uk: &self.w_uk,
+            w_uv: &self.w_uv,
+            cu_seqlens_q: &cu_q,
+            cu_seqlens_k: &cu_k,
+        };
+        mla(&batch, &self.shape, None).unwrap()
+    }
+
+    fn offsets(&self) -> (Vec<u32>, Vec<u32>) {
+        let mut cu_q = vec![0u32];
+        let mut cu_k = vec![0u32];
+        for &(lq, lk) in &self.lens {
+            cu_q.push(cu_q.last().unwrap() + lq as u32);
+            cu_k.push(cu_k.last().unwrap() + lk as u32);
+        }
+        (cu_q, cu_k)
+    }
+
+    fn run(
+        &self,
+        ctx: &Context,
+        cache: &MlaCache,
+        path: MlaPath,
+        precision: Precision,
+        chunk: Option<usize>,
+    ) -> AttentionOutput {
+        let weights = MlaWeights::upload(ctx, &self.shape, &self.w_uk, &self.w_uv).unwrap();
+        let batch = self.queries();
+        let args = MlaArgs {
+            layer: 0,
+            batch: &batch,
+            shape: self.shape,
+            scale: None,
+            precision,
+            path,
+            up_proj_chunk: chunk,
+        };
+        mla_host(ctx, cache, &weights, &args, &self.q_nope, &self.q_pe).unwrap()
+    }
+}
+
+fn precisions(ctx: &Context) -> Vec<Precision> {
+    let mut p = vec![Precision::F32];
+    if ctx.caps().shader_f16 {
+        p.push(Precision::F16);
+    }
+    p
+}
+
+/// Checks `got` against `want`: f32 kernels within 1e-4 of the output scale (lse 1e-4); the f16
+/// kernel holds the queries, latent rows and probabilities in f16: within 1/128 of the output
+/// scale (lse 1/128).
+fn check(name: &str, precision: Precision, got: &AttentionOutput, want: &AttentionOutput) -> f64 {
+    let scale = output_scale(&want.out);
+    let err = max_abs_err(&got.out, &want.out);
+    let lse_err = max_abs_err(&got.lse, &want.lse);
+    let (bound, lse_bound) = match precision {
+        Precision::F32 => (1e-4 * scale, 1e-4 * output_scale(&want.lse)),
+        Precision::F16 => (scale / 128.0, output_scale(&want.lse) / 128.0),
+    };
+    assert!(err <= bound, "{name}: out error {err:e} > {bound:e}");
+    assert!(
+        lse_err <= lse_bound,
+        "{name}: lse error {lse_err:e} > {lse_bound:e}"
+    );
+    err / scale
+}
+
+fn config(shape: &MlaShape, latent: KvDtype, block_size: usize) -> MlaCacheConfig {
+    let mut c = MlaCacheConfig::new(1, shape.rank, shape.d_rope, latent);
+    c.block_size = block_size;
+    c
+}
+
+#[test]
+fn small_odd_shapes_both_paths_match_reference() {
+    // Latent in every format (FP8 per-row and per-tensor), block sizes 1/16/64, pools over
+    // several 64 KiB bindings, decode and chunks after a prefix in one ragged batch, the
+    // up-projection path in several chunks and in one.
+    let ctx = gpu_capped();
+    let shapes = [
+        MlaShape {
+            num_heads: 5,
+            d_nope: 12,
+            d_rope: 8,
+            rank: 64,
+            d_v: 20,
+        },
+        MlaShape {
+            num_heads: 3,
+            d_nope: 16,
+            d_rope: 4,
+            rank: 96,
+            d_v: 8,
+        },
+    ];
+    let latents = [
+        KvDtype::F32,
+        KvDtype::F16,
+        KvDtype::Bf16,
+        KvDtype::Fp8E4M3,
+        KvDtype::Fp8E5M2,
+        KvDtype::Int8,
+        KvDtype::Int4,
+    ];
+    let lens = [(1, 1), (1, 37), (9, 40), (70, 70), (1, 130)];
+    let mut worst = Worst::default();
+    let mut cases = 0;
+    for (n, &latent) in latents.iter().enumerate() {
+        let shape = shapes[n % shapes.len()];
+        let b = HostMla::new(shape, &lens, 100 + n as u64);
+        let bs = [16, 1, 64][n % 3];
+        let mut cfg = config(&shape, latent, bs);
+        if latent == KvDtype::Fp8E5M2 {
+            let s = per_tensor_scale(latent, &b.c_kv.concat(), 1.25).unwrap();
+            cfg.latent_scales = CacheScales::PerTensor(vec![s]);
+        }
+        let cache = b.cache(ctx, cfg);
+        let want = b.reference(ctx, &cache);
+        for precision in precisions(ctx) {
+            for (path, chunk) in [
+                (MlaPath::Absorbed, None),
+                (MlaPath::UpProj, Some(23)),
+                (MlaPath::UpProj, None),
+            ] {
+                let got = b.run(ctx, &cache, path, precision, chunk);
+                let name = format!(
+                    "{shape:?} {latent} bs{bs} {} {} chunk {chunk:?}",
+                    path.name(),
+                    precision.name()
+                );
+                let e = check(&name, precision, &got, &want);
+                worst.add(format!("{}/{}", path.name(), precision.name()), e);
+                cases += 1;
+            }
+        }
+    }
+    eprintln!("MLA small shapes: {cases} cases; worst error / output scale: {worst:?}");
+}
+
+#[test]
+fn deepseek_v2_shapes_both_paths_agree_with_reference_and_each_other() {
+    // 128 heads, nope 128, RoPE 64, rank 512, v 128; f16 latent and a calibrated per-tensor
+    // FP8 latent; a decode row and a chunk after a prefix in one batch.
+    let ctx = gpu();
+    let shape = MlaShape::DEEPSEEK_V2;
+    let lens = [(1, 45), (4, 70)];
+    let mut worst = Worst::default();
+    for (n, latent) in [KvDtype::F16, KvDtype::Fp8E4M3].into_iter().enumerate() {
+        let b = HostMla::new(shape, &lens, 900 + n as u64);
+        let mut cfg = config(&shape, latent, 64);
+        if latent == KvDtype::Fp8E4M3 {
+            let s = per_tensor_scale(latent, &b.c_kv.concat(), 1.0).unwrap();
+            cfg.latent_scales = CacheScales::PerTensor(vec![s]);
+        }
+        let cache = b.cache(ctx, cfg);
+        let want = b.reference(ctx, &cache);
+        for precision in precisions(ctx) {
+            let absorbed = b.run(ctx, &cache, MlaPath::Absorbed, precision, None);
+            let up = b.run(ctx, &cache, MlaPath::UpProj, precision, Some(32));
+            let name = format!("DeepSeek-V2 {latent} {}", precision.name());
+            let ea = check(&format!("{name} absorbed"), precision, &absorbed, &want);
+            let eu = check(&format!("{name} up-proj"), precision, &up, &want);
+            // The two GPU paths against each other.
+            let between = max_abs_err(&absorbed.out, &up.out) / output_scale(&want.out);
+            worst.add(format!("absorbed/{}", precision.name()), ea);
+            worst.add(format!("up-proj/{}", precision.name()), eu);
+            worst.add(format!("absorbed vs up-proj/{}", precision.name()), between);
+        }
+    }
+    eprintln!("MLA DeepSeek-V2: worst error / output scale: {worst:?}");
+}
+
+#[test]
+fn bad_input_is_refused() {
+    let ctx = gpu();
+    let shape = MlaShape {
+        num_heads: 2,
+        d_nope: 8,
+        d_rope: 4,
+        rank: 32,
+        d_v: 8,
+    };
+    let b = HostMla::new(shape, &[(2, 5)], 1);
+    let cache = b.cache(ctx, config(&shape, KvDtype::F16, 16));
+    let weights = MlaWeights::upload(ctx, &shape, &b.w_uk, &b.w_uv).unwrap();
+    let batch = b.queries();
+    let args = MlaArgs {
+        layer: 0,
+        batch: &batch,
+        shape,
+        scale: None,
+        precision: Precision::F32,
+        path: MlaPath::Absorbed,
+        up_proj_chunk: None,
+    };
+    // The RoPE keys stay 16-bit or f32.
+    let mut cfg = config(&shape, KvDtype::Fp8E4M3, 16);
+    cfg.rope_dtype = KvDtype::Int8;
+    assert!(matches!(
+        MlaCache::new(ctx, cfg, PoolSize::Blocks(4)),
+        Err(Error::InvalidArgument(_))
+    ));
+    // Weights of the wrong length.
+    assert!(matches!(
+        MlaWeights::upload(ctx, &shape, &b.w_uk[1..], &b.w_uv),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    // A shape whose rank is not the cache's.
+    let wrong = MlaArgs {
+        shape: MlaShape { rank: 64, ..shape },
+        ..args
+    };
+    assert!(MlaPlan::new(ctx, &cache, &wrong).is_err());
+    // Non-finite scale, zero chunk, unknown sequence, len_q > len_k.
+    for bad in [
+        MlaArgs {
+            scale: Some(f32::NAN),
+            ..args
+        },
+        MlaArgs {
+            path: MlaPath::UpProj,
+            up_proj_chunk: Some(0),
+            ..args
+        },
+    ] {
+        assert!(MlaPlan::new(ctx, &cache, &bad).is_err());
+    }
+    for path in [MlaPath::Absorbed, MlaPath::UpProj] {
+        for q in [
+            PagedQuery { seq: 9, len_q: 1 },
+            PagedQuery { seq: 0, len_q: 6 },
+            PagedQuery { seq: 0, len_q: 0 },
+        ] {
+            let batch = [q];
+            let bad = MlaArgs {
+                batch: &batch,
+                path,
+                ..args
+            };
+            assert!(MlaPlan::new(ctx, &cache, &bad).is_err(), "{q:?} {path:?}");
+        }
+    }
+    // Queries of the wrong length.
+    assert!(matches!(
+        mla_host(ctx, &cache, &weights, &args, &b.q_nope[1..], &b.q_pe),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    // Weights of another shape at run time.
+    let other = MlaShape { d_v: 4, ..shape };
+    let w_uv = vec![0.0; other.num_heads * other.rank * other.d_v];
+    let other_weights = MlaWeights::upload(ctx, &other, &b.w_uk, &w_uv).unwrap();
+    assert!(mla_host(ctx, &cache, &other_weights, &args, &b.q_nope, &b.q_pe).is_err());
+    // And the good call works.
+    assert!(mla_host(ctx, &cache, &weights, &args, &b.q_nope, &b.q_pe).is_ok());
+}
