@@ -1,4 +1,4 @@
-//! `kvattn run attention`, `kvattn run quantize`, `kvattn verify --quick` and `kvattn verify
+//! `kvattn run attention`, `kvattn run mla`, `kvattn run quantize`, `kvattn verify --quick` and `kvattn verify
 //! --quality --quick` end to end: the built binary on case files written here, results compared
 //! with the CPU reference and codec (quantized K/V: the reference on the CPU codec's stored
 //! values); every kind of invalid input fails with one line on stderr and writes nothing. The
@@ -495,12 +495,17 @@ fn run_attention_f16_precision_where_available() {
 /// Runs `run attention` on `file` with `flags`; expects a non-zero exit, exactly one line on
 /// stderr containing `needle`, nothing on stdout and no output file.
 fn rejects(name: &str, file: Option<&CaseFile>, flags: &[&str], needle: &str) {
+    rejects_op("attention", name, file, flags, needle);
+}
+
+/// [`rejects`] for `run OP`.
+fn rejects_op(op: &str, name: &str, file: Option<&CaseFile>, flags: &[&str], needle: &str) {
     let dir = temp_dir(name);
     let (case, out) = (dir.join("case.safetensors"), dir.join("out.safetensors"));
     if let Some(f) = file {
         f.write(&case);
     }
-    let mut args = vec!["run", "attention", "--in", s(&case), "--out", s(&out)];
+    let mut args = vec!["run", op, "--in", s(&case), "--out", s(&out)];
     args.extend_from_slice(flags);
     let o = kvattn(&args);
     let err = String::from_utf8_lossy(&o.stderr);
@@ -710,6 +715,263 @@ fn run_attention_writes_nothing_when_the_destination_is_bad() {
         .collect();
     assert_eq!(names, ["case.safetensors"]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A random MLA problem in the varlen layout (DESIGN.md section 9, `run mla`).
+struct MlaProblem {
+    shape: reference::mla::MlaShape,
+    tensors: Vec<(&'static str, Vec<usize>, Vec<f32>)>,
+    cu_q: Vec<u32>,
+    cu_k: Vec<u32>,
+}
+
+impl MlaProblem {
+    fn new(shape: reference::mla::MlaShape, lens: &[(usize, usize)], seed: u64) -> Self {
+        let (mut cu_q, mut cu_k) = (vec![0u32], vec![0u32]);
+        for &(lq, lk) in lens {
+            cu_q.push(cu_q.last().unwrap() + lq as u32);
+            cu_k.push(cu_k.last().unwrap() + lk as u32);
+        }
+        let (tq, tk) = (
+            *cu_q.last().unwrap() as usize,
+            *cu_k.last().unwrap() as usize,
+        );
+        let mut rng = Rng::new(seed);
+        let sh = shape;
+        let h = sh.num_heads;
+        let mut t = |name, dims: Vec<usize>, scale: f32| {
+            let n = dims.iter().product();
+            (name, dims, rng.normals(n, scale))
+        };
+        let tensors = vec![
+            t("q_nope", vec![tq, h, sh.d_nope], 1.0),
+            t("q_pe", vec![tq, h, sh.d_rope], 1.0),
+            t("c_kv", vec![tk, sh.rank], 1.0),
+            t("k_pe", vec![tk, sh.d_rope], 1.0),
+            t(
+                "w_uk",
+                vec![h, sh.d_nope, sh.rank],
+                1.0 / (sh.d_nope as f32).sqrt(),
+            ),
+            t(
+                "w_uv",
+                vec![h, sh.rank, sh.d_v],
+                1.0 / (sh.rank as f32).sqrt(),
+            ),
+        ];
+        Self {
+            shape,
+            tensors,
+            cu_q,
+            cu_k,
+        }
+    }
+
+    fn get(&self, name: &str) -> &[f32] {
+        &self.tensors.iter().find(|t| t.0 == name).unwrap().2
+    }
+
+    fn file(&self) -> CaseFile {
+        let cu = |c: &[u32]| c.iter().map(|&x| x as i32).collect::<Vec<_>>();
+        let mut tensors: Vec<RawTensor> = self
+            .tensors
+            .iter()
+            .map(|(name, dims, data)| f32_t(name, dims.clone(), data))
+            .collect();
+        tensors.push(i32_t("cu_seqlens_q", &cu(&self.cu_q)));
+        tensors.push(i32_t("cu_seqlens_k", &cu(&self.cu_k)));
+        CaseFile {
+            tensors,
+            meta: HashMap::new(),
+        }
+    }
+
+    /// The reference on the latent as a cache of `latent` stores it (the RoPE keys in f32 with
+    /// an f32 latent, bf16 with bf16, f16 otherwise).
+    fn reference(&self, latent: KvDtype, mode: ScaleMode) -> reference::AttentionOutput {
+        let sh = &self.shape;
+        let c_kv =
+            decode_rows(&encode_rows(latent, sh.rank, self.get("c_kv"), mode).unwrap()).unwrap();
+        let rope = match latent {
+            KvDtype::F32 => KvDtype::F32,
+            KvDtype::Bf16 => KvDtype::Bf16,
+            _ => KvDtype::F16,
+        };
+        let k_pe = decode_rows(
+            &encode_rows(rope, sh.d_rope, self.get("k_pe"), ScaleMode::PerRow).unwrap(),
+        )
+        .unwrap();
+        let batch = reference::mla::MlaBatch {
+            q_nope: self.get("q_nope"),
+            q_pe: self.get("q_pe"),
+            c_kv: &c_kv,
+            k_pe: &k_pe,
+            w_uk: self.get("w_uk"),
+            w_uv: self.get("w_uv"),
+            cu_seqlens_q: &self.cu_q,
+            cu_seqlens_k: &self.cu_k,
+        };
+        reference::mla::mla(&batch, sh, None).unwrap()
+    }
+}
+
+fn small_mla_shape() -> reference::mla::MlaShape {
+    reference::mla::MlaShape {
+        num_heads: 3,
+        d_nope: 8,
+        d_rope: 4,
+        rank: 32,
+        d_v: 12,
+    }
+}
+
+#[test]
+fn run_mla_matches_reference_on_both_paths() {
+    // A ragged batch (a decode row, a chunk after a prefix); the latent in f32, per-tensor FP8
+    // (metadata latent_scale) and int4; the up-projection path in chunks of 4 keys.
+    let p = MlaProblem::new(small_mla_shape(), &[(1, 5), (3, 9)], 41);
+    let sh = p.shape;
+    let tq = *p.cu_q.last().unwrap() as usize;
+    for (latent, scale) in [
+        (KvDtype::F32, None),
+        (KvDtype::Fp8E4M3, Some(0.0625f32)),
+        (KvDtype::Int4, None),
+    ] {
+        let mut file = p.file();
+        if let Some(x) = scale {
+            file.meta("latent_scale", &x.to_string());
+        }
+        let mode = scale.map_or(ScaleMode::PerRow, ScaleMode::PerTensor);
+        let want = p.reference(latent, mode);
+        for path in [
+            &["--path", "absorbed"][..],
+            &["--path", "up-proj", "--up-proj-chunk", "4"],
+        ] {
+            let name = format!("mla-{latent}-{}", path[1]);
+            let dir = temp_dir(&name);
+            let (case, out) = (dir.join("case.safetensors"), dir.join("out.safetensors"));
+            file.write(&case);
+            let mut args = vec!["run", "mla", "--in", s(&case), "--out", s(&out)];
+            args.extend_from_slice(path);
+            args.extend_from_slice(&["--kv-dtype", latent.name(), "--block-size", "4"]);
+            let o = kvattn(&args);
+            assert!(
+                o.status.success(),
+                "{name}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let r = read_result(&out);
+            let (out_shape, got) = &r.f32s["out"];
+            let (lse_shape, got_lse) = &r.f32s["lse"];
+            assert_eq!(out_shape, &vec![tq, sh.num_heads, sh.d_v]);
+            assert_eq!(lse_shape, &vec![tq, sh.num_heads]);
+            assert_eq!(r.meta["path"], path[1]);
+            assert_eq!(r.meta["kv_dtype"], latent.name());
+            let scale_out = output_scale(&want.out);
+            let (e, le) = (max_abs_err(got, &want.out), max_abs_err(got_lse, &want.lse));
+            assert!(e <= 1e-4 * scale_out, "{name}: out error {e:e}");
+            assert!(
+                le <= 1e-4 * output_scale(&want.lse),
+                "{name}: lse error {le:e}"
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
+#[test]
+fn run_mla_rejects_invalid_input() {
+    let p = MlaProblem::new(small_mla_shape(), &[(1, 5), (2, 6)], 43);
+    let good = p.file();
+    let edit = |f: &dyn Fn(&mut CaseFile)| {
+        let mut c = good.clone();
+        f(&mut c);
+        c
+    };
+    let sh = p.shape;
+    let no_w_uk = edit(&|c| c.tensors.retain(|t| t.name != "w_uk"));
+    rejects_op("mla", "mla-missing", Some(&no_w_uk), &[], "no tensor w_uk");
+    let bad_rank = edit(&|c| {
+        c.set(f32_t("w_uk", vec![3, 8, 16], &[0.0; 3 * 8 * 16]));
+    });
+    rejects_op("mla", "mla-rank", Some(&bad_rank), &[], "w_uk's rank");
+    let bad_heads = edit(&|c| {
+        c.set(f32_t("w_uv", vec![2, 32, 12], &[0.0; 2 * 32 * 12]));
+    });
+    rejects_op("mla", "mla-heads", Some(&bad_heads), &[], "w_uv's heads");
+    let bad_rope = edit(&|c| {
+        c.set(f32_t("k_pe", vec![11, 8], &[0.0; 88]));
+    });
+    rejects_op("mla", "mla-rope", Some(&bad_rope), &[], "k_pe's RoPE dims");
+    let bad_cu = edit(&|c| {
+        c.set(i32_t("cu_seqlens_k", &[0, 5, 10]));
+    });
+    rejects_op(
+        "mla",
+        "mla-cu",
+        Some(&bad_cu),
+        &[],
+        "cu_seqlens_k ends at 10",
+    );
+    let long_q = edit(&|c| {
+        c.set(i32_t("cu_seqlens_k", &[0, 1, 11]));
+        c.set(f32_t("q_nope", vec![3, 3, 8], &[0.0; 72]));
+        c.set(f32_t("q_pe", vec![3, 3, 4], &[0.0; 36]));
+        c.set(i32_t("cu_seqlens_q", &[0, 2, 3]));
+    });
+    rejects_op("mla", "mla-causal", Some(&long_q), &[], "len_q 2 > len_k 1");
+    let mut nan = p.get("c_kv").to_vec();
+    nan[7] = f32::NAN;
+    let nan_file = edit(&|c| {
+        c.set(f32_t("c_kv", vec![11, sh.rank], &nan));
+    });
+    rejects_op(
+        "mla",
+        "mla-nan",
+        Some(&nan_file),
+        &["--kv-dtype", "int8"],
+        "finite",
+    );
+    let scaled = edit(&|c| {
+        c.meta("latent_scale", "0.5");
+    });
+    rejects_op(
+        "mla",
+        "mla-scale-int8",
+        Some(&scaled),
+        &["--kv-dtype", "int8"],
+        "latent_scale",
+    );
+    let bad_scale = edit(&|c| {
+        c.meta("scale", "nan");
+    });
+    rejects_op("mla", "mla-scale", Some(&bad_scale), &[], "scale");
+    for (flags, needle) in [
+        (&["--path", "sideways"][..], "unknown MLA path"),
+        (&["--kv-dtype", "fp7"][..], "fp7"),
+        (&["--block-size", "3"][..], "block size 3"),
+        (&["--up-proj-chunk", "0"][..], "--up-proj-chunk"),
+        (&["--precision", "f64"][..], "unknown precision"),
+    ] {
+        rejects_op("mla", "mla-flags", Some(&good), flags, needle);
+    }
+    // int4 needs a latent width that is a multiple of 32.
+    let q = MlaProblem::new(
+        reference::mla::MlaShape {
+            rank: 36,
+            ..small_mla_shape()
+        },
+        &[(1, 3)],
+        5,
+    );
+    rejects_op(
+        "mla",
+        "mla-int4-rank",
+        Some(&q.file()),
+        &["--kv-dtype", "int4"],
+        "36",
+    );
+    rejects_op("mla", "mla-no-file", None, &[], "cannot read");
 }
 
 /// Runs `run quantize` on `x` `[n, H, d]` in `dtype` (metadata `scale` if given) and returns
@@ -988,7 +1250,12 @@ fn verify_quick_passes() {
         o.status.success(),
         "verify --quick failed:\n{stdout}\n{stderr}"
     );
-    for kernel in ["decode", "paged", "dequant", "append_kv"] {
+    let passes = |needles: &[&str]| {
+        stdout
+            .lines()
+            .any(|l| l.ends_with("pass") && needles.iter().all(|n| l.contains(n)))
+    };
+    for kernel in ["decode", "paged", "dequant", "append_kv", "mla"] {
         assert!(
             stdout
                 .lines()
@@ -996,13 +1263,12 @@ fn verify_quick_passes() {
             "no passing {kernel} row:\n{stdout}"
         );
     }
+    // Both MLA paths, with a quantized latent.
+    for path in ["mla        absorbed ", "mla        up-proj "] {
+        assert!(passes(&[path, "latent-int4 "]), "no {path}row:\n{stdout}");
+    }
     // Every quantized format in the attention checks (decode and prefill batches) and in the
     // quantize-on-write checks, per-row and per-tensor.
-    let passes = |needles: &[&str]| {
-        stdout
-            .lines()
-            .any(|l| l.ends_with("pass") && needles.iter().all(|n| l.contains(n)))
-    };
     for format in [
         "kv-fp8-e4m3 ",
         "kv-fp8-e5m2 ",

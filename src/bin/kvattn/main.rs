@@ -7,6 +7,7 @@ mod case;
 mod info;
 mod quality;
 mod run;
+mod run_mla;
 mod verify;
 
 use clap::{Parser, Subcommand};

@@ -3,6 +3,7 @@
 //! - `attention`: K/V written into a paged cache of any storage format (quantized on write by
 //!   the GPU encoder; physical blocks in shuffled order), then attention over it; writes `out` and
 //!   `lse`.
+//! - `mla`: Multi-head Latent Attention (`run_mla.rs`).
 //! - `quantize`: `x` written into a one-layer paged cache of a storage format by the GPU encoder
 //!   and read back; the codes and scales are checked against the CPU codec (an error if they
 //!   differ) and written with the GPU decoder's values: `codes`, `scales`, `mins` (int4) and
@@ -47,6 +48,9 @@ enum RunOp {
     /// Quantize `x` [n, H, d] into a KV storage format: writes the codes, scales and the GPU's
     /// dequantized values.
     Quantize(QuantizeArgs),
+    /// Multi-head Latent Attention (DeepSeek-V2) over a latent paged cache: `q_nope`, `q_pe`,
+    /// `c_kv`, `k_pe`, `w_uk`, `w_uv`, `cu_seqlens_q`, `cu_seqlens_k`; writes `out` and `lse`.
+    Mla(crate::run_mla::MlaRunArgs),
 }
 
 /// Arguments of `kvattn run attention`.
@@ -97,6 +101,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     match &args.op {
         RunOp::Attention(a) => attention(a),
         RunOp::Quantize(a) => quantize(a),
+        RunOp::Mla(a) => crate::run_mla::run(a),
     }
 }
 
@@ -183,7 +188,12 @@ pub fn check_setup(setup: &PagedSetup) -> Result<()> {
 /// Checks that `x` (`[tokens, heads, d]`) can be stored in `dtype`: int8 and int4 need finite
 /// values, and every int4 group a scale and min within the f16 range (the CPU codec's rules;
 /// FP8 and the float formats take any value).
-fn check_encodable(what: &str, dtype: KvDtype, [heads, d]: [usize; 2], x: &[f32]) -> Result<()> {
+pub fn check_encodable(
+    what: &str,
+    dtype: KvDtype,
+    [heads, d]: [usize; 2],
+    x: &[f32],
+) -> Result<()> {
     if !matches!(dtype, KvDtype::Int8 | KvDtype::Int4) {
         return Ok(());
     }
@@ -306,7 +316,7 @@ fn dtype_flag(specific: &Option<String>, both: &Option<String>) -> Result<KvDtyp
 }
 
 /// Metadata every result carries: the adapter and backend.
-fn adapter_meta(ctx: &Context) -> HashMap<String, String> {
+pub fn adapter_meta(ctx: &Context) -> HashMap<String, String> {
     HashMap::from([
         ("adapter".to_string(), ctx.adapter().name.clone()),
         ("backend".to_string(), ctx.adapter().backend.clone()),

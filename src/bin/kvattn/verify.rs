@@ -10,7 +10,9 @@
 //!   read "unavailable";
 //! - `dequant` (the GPU KV decoders): the CPU codec, bit for bit;
 //! - `append_kv` (the paged cache's append, quantizing on write, pools split over several
-//!   bindings): the CPU encoder's value and scale words, bit for bit.
+//!   bindings): the CPU encoder's value and scale words, bit for bit;
+//! - `mla` (Multi-head Latent Attention, absorbed and up-projection paths, every latent
+//!   format): [`kvattn::reference::mla::mla`] on the latent as stored (see `verify/mla.rs`).
 //!
 //! `--quality` runs the quality table of the quantized formats instead (see `quality.rs`).
 //!
@@ -37,6 +39,8 @@ use kvattn::{Error, Result};
 
 use crate::run::{check_paged, run_paged, PagedSetup};
 
+mod mla;
+
 /// Arguments of `kvattn verify`.
 #[derive(clap::Args)]
 pub struct VerifyArgs {
@@ -44,7 +48,7 @@ pub struct VerifyArgs {
     /// contexts 128 and 1024 only).
     #[arg(long)]
     quick: bool,
-    /// Only the checks of these kernels (decode, paged, dequant, append_kv); repeatable.
+    /// Only the checks of these kernels (decode, paged, dequant, append_kv, mla); repeatable.
     #[arg(long = "kernel", value_name = "NAME", conflicts_with = "quality")]
     kernels: Vec<String>,
     /// Instead of the checks: the quality table of the KV storage formats (NMSE and max error
@@ -230,6 +234,7 @@ enum Check {
         src: SourceDtype,
         per_tensor: bool,
     },
+    Mla(mla::MlaCheck),
 }
 
 impl Check {
@@ -239,6 +244,7 @@ impl Check {
             Check::Paged { .. } => "paged",
             Check::Dequant { .. } => "dequant",
             Check::AppendKv { .. } => "append_kv",
+            Check::Mla(_) => "mla",
         }
     }
 
@@ -254,6 +260,12 @@ impl Check {
             Check::Dequant { dtype, .. } | Check::AppendKv { dtype, .. } => {
                 format!("{} {dtype}", self.kernel())
             }
+            Check::Mla(m) => format!(
+                "mla {} latent {}, {} math",
+                m.path.name(),
+                m.storage(),
+                m.precision.name()
+            ),
         }
     }
 
@@ -344,6 +356,7 @@ impl Check {
                 };
                 format!("{dtype}{scale} d{head_dim} h{APPEND_KV_HEADS} bs{block_size} from {src}")
             }
+            Check::Mla(m) => m.name(),
         }
     }
 }
@@ -563,6 +576,7 @@ fn grid(quick: bool, precisions: &[Precision]) -> Vec<Check> {
             }
         }
     }
+    checks.extend(mla::mla_grid(quick, precisions).into_iter().map(Check::Mla));
     checks
 }
 
@@ -952,6 +966,7 @@ impl Verifier {
                 },
                 seed,
             ),
+            Check::Mla(m) => m.run(&self.ctx, seed),
         }
     }
 
@@ -1218,7 +1233,7 @@ pub fn run(args: &VerifyArgs) -> Result<bool> {
     if args.quality {
         return crate::quality::run(args.quick, args.json);
     }
-    const KERNELS: [&str; 4] = ["decode", "paged", "dequant", "append_kv"];
+    const KERNELS: [&str; 5] = ["decode", "paged", "dequant", "append_kv", "mla"];
     if let Some(bad) = args.kernels.iter().find(|k| !KERNELS.contains(&k.as_str())) {
         return Err(Error::InvalidArgument(format!(
             "unknown kernel {bad:?}; valid: {}",
