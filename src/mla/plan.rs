@@ -1,16 +1,17 @@
 //! MLA attention over a latent cache: the batch description, its plan and the host entry point.
 //!
 //! Both paths compute, per query token and head `h` (causal, bottom-right aligned),
-//! `out[h] = W_UV[h]^T sum_j p_j c_kv_j` with `p = softmax((q_lat[h] . c_kv_j + q_pe[h] . k_pe_j)
-//! * scale)` and `q_lat[h] = W_UK[h]^T q_nope[h]`:
+//! `out[h] = W_UV[h]^T sum_j p_j c_kv_j` with
+//! `p = softmax(scale * (q_lat[h] . c_kv_j + q_pe[h] . k_pe_j))` and
+//! `q_lat[h] = W_UK[h]^T q_nope[h]`:
 //!
 //! - [`MlaPath::Absorbed`] (decode, short chunks): query absorption (a per-head matrix product),
 //!   attention over the latent rows themselves (the paged kernel in its MLA mode: MQA with head
 //!   dims `rank + d_rope` and `rank`, every latent row read once per tile of heads, split-K at
 //!   fixed token splits), then the output up-projection. Its cost per key is `O(H * rank)`.
-//! - [`MlaPath::UpProj`] (long prefills): the latent rows expanded to per-head `K = [W_UK[h] c_kv ;
-//!   k_pe]` (`d_nope + d_rope` dims) and `V = W_UV[h]^T c_kv` (`d_v` dims), attended by the
-//!   ordinary kernel, chunk by chunk of keys so that a chunk's expanded K and V fit one storage
+//! - [`MlaPath::UpProj`] (long prefills): the latent rows expanded to per-head
+//!   `K = [W_UK[h] c_kv ; k_pe]` (`d_nope + d_rope` dims) and `V = W_UV[h]^T c_kv` (`d_v`
+//!   dims), attended by the ordinary kernel, chunk by chunk of keys so that a chunk's expanded K and V fit one storage
 //!   binding; the chunks' partial states are merged once at the end. Its cost per key is
 //!   `O(H * rank * (d_nope + d_v))` for the expansion, shared by every query of a long chunk.
 
