@@ -11,9 +11,10 @@
 //!   fixed token splits), then the output up-projection. Its cost per key is `O(H * rank)`.
 //! - [`MlaPath::UpProj`] (long prefills): the latent rows expanded to per-head
 //!   `K = [W_UK[h] c_kv ; k_pe]` (`d_nope + d_rope` dims) and `V = W_UV[h]^T c_kv` (`d_v`
-//!   dims), attended by the ordinary kernel, chunk by chunk of keys so that a chunk's expanded K and V fit one storage
-//!   binding; the chunks' partial states are merged once at the end. Its cost per key is
-//!   `O(H * rank * (d_nope + d_v))` for the expansion, shared by every query of a long chunk.
+//!   dims), attended by the ordinary kernel, chunk by chunk of keys so that a chunk's expanded
+//!   K and V fit one storage binding; the chunks' partial states are merged once at the end.
+//!   Its cost per key is `O(H * rank * (d_nope + d_v))` for the expansion, shared by every
+//!   query of a long chunk.
 
 use super::absorbed::AbsorbedPlan;
 use super::cache::MlaCache;
