@@ -21,6 +21,7 @@
 
 use std::num::NonZeroU64;
 
+use crate::gpu::check_storage;
 use crate::gpu::{Context, STORAGE};
 use crate::pipeline::PipelineKey;
 use crate::shader::{Kernel, Precision, ShaderVariant};
@@ -89,23 +90,6 @@ pub fn turn_table(cfg: &RopeConfig) -> Vec<[u32; 2]> {
             [fixed as u32, (fixed >> 32) as u32]
         })
         .collect()
-}
-
-fn check_storage(what: &'static str, buffer: &wgpu::Buffer, elems: usize) -> Result<()> {
-    if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-        return Err(Error::InvalidArgument(format!(
-            "{what} was not created with STORAGE usage"
-        )));
-    }
-    let have = buffer.size() / 4;
-    if have < elems as u64 {
-        return Err(Error::ShapeMismatch {
-            what,
-            expected: elems,
-            got: usize::try_from(have).unwrap_or(usize::MAX),
-        });
-    }
-    Ok(())
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {

@@ -12,6 +12,25 @@ pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
     .union(wgpu::BufferUsages::COPY_DST);
 
+/// Checks that `buffer` is a storage buffer holding at least `elems` 32-bit values: otherwise
+/// [`Error::InvalidArgument`] (no STORAGE usage) or [`Error::ShapeMismatch`] (too small).
+pub(crate) fn check_storage(what: &'static str, buffer: &wgpu::Buffer, elems: usize) -> Result<()> {
+    if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+        return Err(Error::InvalidArgument(format!(
+            "{what} was not created with STORAGE usage"
+        )));
+    }
+    let have = buffer.size() / 4;
+    if have < elems as u64 {
+        return Err(Error::ShapeMismatch {
+            what,
+            expected: elems,
+            got: usize::try_from(have).unwrap_or(usize::MAX),
+        });
+    }
+    Ok(())
+}
+
 /// Smallest buffer we create: wgpu refuses zero-sized bindings.
 const MIN_BYTES: u64 = 16;
 

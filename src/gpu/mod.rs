@@ -3,6 +3,7 @@ mod buffer;
 mod context;
 mod layout;
 
+pub(crate) use buffer::check_storage;
 pub use buffer::STORAGE;
 pub use context::{AdapterSummary, Capabilities, Context, ContextOptions};
 pub use layout::WgslStruct;

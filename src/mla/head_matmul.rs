@@ -20,6 +20,7 @@
 
 use std::num::NonZeroU64;
 
+use crate::gpu::check_storage;
 use crate::gpu::Context;
 use crate::pipeline::PipelineKey;
 use crate::shader::{Kernel, Precision, ShaderVariant};
@@ -122,24 +123,6 @@ pub(crate) fn check_positive(what: &str, dims: &[(&str, usize)]) -> Result<()> {
             )));
         }
         fit_u32(&format!("{what} {name}"), v)?;
-    }
-    Ok(())
-}
-
-/// Checks that `buffer` is a storage buffer of at least `elems` f32.
-pub(crate) fn check_buffer(what: &'static str, buffer: &wgpu::Buffer, elems: usize) -> Result<()> {
-    if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-        return Err(Error::InvalidArgument(format!(
-            "{what} was not created with STORAGE usage"
-        )));
-    }
-    let have = buffer.size() / 4;
-    if have < elems as u64 {
-        return Err(Error::ShapeMismatch {
-            what,
-            expected: elems,
-            got: usize::try_from(have).unwrap_or(usize::MAX),
-        });
     }
     Ok(())
 }
@@ -538,9 +521,9 @@ pub fn head_matmul(
     y: &wgpu::Buffer,
 ) -> Result<()> {
     spec.validate()?;
-    check_buffer("head_matmul x", x, spec.x_len()?)?;
-    check_buffer("head_matmul w", w, spec.w_len()?)?;
-    check_buffer("head_matmul y", y, spec.y_len()?)?;
+    check_storage("head_matmul x", x, spec.x_len()?)?;
+    check_storage("head_matmul w", w, spec.w_len()?)?;
+    check_storage("head_matmul y", y, spec.y_len()?)?;
     if y == x || y == w {
         return Err(Error::InvalidArgument(
             "head_matmul writes y out of place: it must be a buffer other than x and w".into(),

@@ -21,7 +21,7 @@ use super::cache::MlaCache;
 use super::up_proj::UpProjPlan;
 use super::weights::MlaWeights;
 use crate::attention::paged::PagedQuery;
-use crate::gpu::Context;
+use crate::gpu::{check_storage, Context};
 use crate::reference::mla::MlaShape;
 use crate::reference::AttentionOutput;
 use crate::shader::Precision;
@@ -171,20 +171,10 @@ impl MlaPlan {
             )));
         }
         let rows = self.total_q * s.num_heads;
-        for (what, buffer, elems) in [
-            ("q_nope", io.q_nope, rows * s.d_nope),
-            ("q_pe", io.q_pe, rows * s.d_rope),
-            ("out", io.out, rows * s.d_v),
-            ("lse", io.lse, rows),
-        ] {
-            let bytes = elems as u64 * 4;
-            if buffer.size() < bytes {
-                return Err(Error::InvalidArgument(format!(
-                    "{what} buffer holds {} bytes, the batch needs {bytes}",
-                    buffer.size()
-                )));
-            }
-        }
+        check_storage("q_nope buffer", io.q_nope, rows * s.d_nope)?;
+        check_storage("q_pe buffer", io.q_pe, rows * s.d_rope)?;
+        check_storage("out buffer", io.out, rows * s.d_v)?;
+        check_storage("lse buffer", io.lse, rows)?;
         cache.cache().layer(layer)?;
         match &self.inner {
             Inner::Absorbed(p) => p.run(ctx, cache, layer, weights, io),

@@ -12,9 +12,10 @@
 //! Only those elements of `dst` are written.
 
 use super::head_matmul::{
-    binding_limit, check_buffer, check_positive, check_slice, range, submit_dispatches,
-    ChunkedOperand, RowStrides,
+    binding_limit, check_positive, check_slice, range, submit_dispatches, ChunkedOperand,
+    RowStrides,
 };
+use crate::gpu::check_storage;
 use crate::gpu::Context;
 use crate::pipeline::PipelineKey;
 use crate::shader::{Kernel, Precision, ShaderVariant};
@@ -142,8 +143,8 @@ pub fn strided_copy(
     dst: &wgpu::Buffer,
 ) -> Result<()> {
     spec.validate()?;
-    check_buffer("strided_copy src", src, spec.src_len()?)?;
-    check_buffer("strided_copy dst", dst, spec.dst_len()?)?;
+    check_storage("strided_copy src", src, spec.src_len()?)?;
+    check_storage("strided_copy dst", dst, spec.dst_len()?)?;
     if src == dst {
         return Err(Error::InvalidArgument(
             "strided_copy: src and dst must be different buffers".into(),

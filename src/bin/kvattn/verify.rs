@@ -300,17 +300,6 @@ impl Check {
                 precision,
                 block_size,
             } => {
-                let lens: Vec<String> = problem
-                    .lens
-                    .iter()
-                    .map(|&(q, k)| {
-                        if q == 1 {
-                            k.to_string()
-                        } else {
-                            format!("{q}/{k}")
-                        }
-                    })
-                    .collect();
                 let mode = if problem.lens.iter().all(|l| l.0 == 1) {
                     "decode"
                 } else {
@@ -320,7 +309,7 @@ impl Check {
                     "{mode} {} kv-{format} {} bs{block_size} q/k {}{}",
                     shape_name(problem),
                     precision.name(),
-                    lens.join(","),
+                    lens_name(&problem.lens),
                     problem.opts.name()
                 )
             }
@@ -359,6 +348,21 @@ impl Check {
             Check::Mla(m) => m.name(),
         }
     }
+}
+
+/// Sequence lengths as a case name shows them: `len_k` for a decode row, `len_q/len_k` else.
+fn lens_name(lens: &[(usize, usize)]) -> String {
+    let parts: Vec<String> = lens
+        .iter()
+        .map(|&(q, k)| {
+            if q == 1 {
+                k.to_string()
+            } else {
+                format!("{q}/{k}")
+            }
+        })
+        .collect();
+    parts.join(",")
 }
 
 /// The grid: the full one, or the `--quick` subset.

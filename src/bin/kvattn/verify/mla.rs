@@ -16,7 +16,7 @@ use kvattn::reference::mla::{mla, MlaBatch, MlaShape};
 use kvattn::shader::Precision;
 use kvattn::Result;
 
-use super::{max_abs_err, nmse, Outcome, Rng, Status};
+use super::{lens_name, max_abs_err, nmse, Outcome, Rng, Status};
 
 /// One MLA check: shape, sequences `(len_q, len_k)`, latent storage, path, kernel variant.
 #[derive(Debug, Clone)]
@@ -44,17 +44,6 @@ impl MlaCheck {
     /// The row's case name.
     pub fn name(&self) -> String {
         let s = &self.shape;
-        let lens: Vec<String> = self
-            .lens
-            .iter()
-            .map(|&(q, k)| {
-                if q == 1 {
-                    k.to_string()
-                } else {
-                    format!("{q}/{k}")
-                }
-            })
-            .collect();
         format!(
             "{} h{} nope{} rope{} rank{} v{} latent-{} {} bs{} q/k {}",
             self.path.name(),
@@ -66,7 +55,7 @@ impl MlaCheck {
             self.storage(),
             self.precision.name(),
             self.block_size,
-            lens.join(",")
+            lens_name(&self.lens)
         )
     }
 
