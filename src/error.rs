@@ -80,6 +80,10 @@ pub enum Error {
     /// A snapshot file could not be read, or does not match the cache it is imported into.
     #[error("snapshot: {0}")]
     Snapshot(String),
+    /// A GGUF model file could not be read or parsed (I/O failure, truncated or corrupt data, an
+    /// unsupported version or tensor type), or lacks a key or tensor the caller needs.
+    #[error("GGUF: {0}")]
+    Gguf(String),
 }
 
 /// `Result` with the crate's [`Error`].

@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 pub mod attention;
 pub mod cache;
+pub mod decoder;
 pub mod error;
 pub mod gpu;
 pub mod mla;

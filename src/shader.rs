@@ -66,6 +66,14 @@ pub enum Kernel {
     /// Strided bit-exact copy of `[rows, heads, n]` blocks, for MLA
     /// (`shaders/strided_copy.wgsl`).
     StridedCopy,
+    /// Llama RMSNorm, one workgroup per row (`shaders/rms_norm.wgsl`).
+    RmsNorm,
+    /// `silu(gate) * up` (`shaders/swiglu.wgsl`).
+    Swiglu,
+    /// In-place residual add `x += y` (`shaders/add.wgsl`).
+    Add,
+    /// Token-embedding gather (`shaders/embed.wgsl`).
+    Embed,
 }
 
 /// A host struct's layout as the layout test sees it: WGSL name, field offsets, size.
@@ -77,7 +85,7 @@ fn layout_of<T: WgslStruct>() -> StructLayout {
 
 impl Kernel {
     /// Every kernel family.
-    pub const ALL: [Kernel; 9] = [
+    pub const ALL: [Kernel; 13] = [
         Kernel::Paged,
         Kernel::Merge,
         Kernel::MergeStates,
@@ -87,6 +95,10 @@ impl Kernel {
         Kernel::Rope,
         Kernel::HeadMatmul,
         Kernel::StridedCopy,
+        Kernel::RmsNorm,
+        Kernel::Swiglu,
+        Kernel::Add,
+        Kernel::Embed,
     ];
 
     /// Name used in labels, errors and pipeline keys.
@@ -101,6 +113,10 @@ impl Kernel {
             Kernel::Rope => "rope",
             Kernel::HeadMatmul => "head_matmul",
             Kernel::StridedCopy => "strided_copy",
+            Kernel::RmsNorm => "rms_norm",
+            Kernel::Swiglu => "swiglu",
+            Kernel::Add => "add",
+            Kernel::Embed => "embed",
         }
     }
 
@@ -115,6 +131,10 @@ impl Kernel {
             Kernel::Rope => include_str!("../shaders/rope.wgsl"),
             Kernel::HeadMatmul => include_str!("../shaders/head_matmul.wgsl"),
             Kernel::StridedCopy => include_str!("../shaders/strided_copy.wgsl"),
+            Kernel::RmsNorm => include_str!("../shaders/rms_norm.wgsl"),
+            Kernel::Swiglu => include_str!("../shaders/swiglu.wgsl"),
+            Kernel::Add => include_str!("../shaders/add.wgsl"),
+            Kernel::Embed => include_str!("../shaders/embed.wgsl"),
         }
     }
 
@@ -127,6 +147,7 @@ impl Kernel {
             Kernel::CopyBlocks => &[],
             Kernel::Rope => &[],
             Kernel::HeadMatmul | Kernel::StridedCopy => &[],
+            Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed => &[],
         }
     }
 
@@ -146,7 +167,11 @@ impl Kernel {
             | Kernel::CopyBlocks
             | Kernel::Rope
             | Kernel::HeadMatmul
-            | Kernel::StridedCopy => &[Precision::F32],
+            | Kernel::StridedCopy
+            | Kernel::RmsNorm
+            | Kernel::Swiglu
+            | Kernel::Add
+            | Kernel::Embed => &[Precision::F32],
         }
     }
 
@@ -174,6 +199,12 @@ impl Kernel {
             Kernel::StridedCopy => {
                 vec![layout_of::<crate::mla::strided_copy::StridedCopyParams>()]
             }
+            Kernel::RmsNorm => {
+                vec![layout_of::<crate::decoder::ops::rms_norm::RmsNormParams>()]
+            }
+            Kernel::Swiglu => vec![layout_of::<crate::decoder::ops::swiglu::SwigluParams>()],
+            Kernel::Add => vec![layout_of::<crate::decoder::ops::add::AddParams>()],
+            Kernel::Embed => vec![layout_of::<crate::decoder::ops::embed::EmbedParams>()],
         }
     }
 
@@ -190,6 +221,10 @@ impl Kernel {
             Kernel::Rope => crate::rope::representative_constants(),
             Kernel::HeadMatmul => crate::mla::head_matmul::representative_constants(),
             Kernel::StridedCopy => crate::mla::strided_copy::representative_constants(),
+            Kernel::RmsNorm => crate::decoder::ops::rms_norm::representative_constants(),
+            Kernel::Swiglu => crate::decoder::ops::swiglu::representative_constants(),
+            Kernel::Add => crate::decoder::ops::add::representative_constants(),
+            Kernel::Embed => crate::decoder::ops::embed::representative_constants(),
         }
     }
 }

@@ -6,7 +6,9 @@
 //! to what the kernel sees before calling: every f16 and bf16 value is exact in f32.
 
 pub mod attention;
+pub mod llama;
 pub mod mla;
+pub mod ops;
 pub mod rope;
 
 pub use attention::{attention, AttentionOutput};

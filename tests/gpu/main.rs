@@ -7,6 +7,8 @@ mod common;
 mod append_quant;
 mod context;
 mod decode;
+mod decoder;
+mod decoder_ops;
 mod head_matmul;
 mod kv_load;
 mod mla;

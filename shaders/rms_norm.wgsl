@@ -1,0 +1,109 @@
+// rms_norm: Llama RMSNorm of [rows, dim] f32 rows, out of place:
+//
+//   out[r, i] = x[r, i] / sqrt(mean_i(x[r, :]^2) + eps) * weight[i]
+//
+// One workgroup per row (row = workgroup_id.y * groups_x + workgroup_id.x), three passes over
+// the row with the invocations striding it: the largest |x|, the sum of squares of the row
+// scaled by a power of two, and the output. Each invocation sums its elements in index order and
+// the partial sums meet in a fixed tree in workgroup memory, so a row's result depends only on
+// the row (not on the batch around it, nor on where its chunk is bound).
+//
+// Overflow-free for every finite input: the row is scaled by 2^k (exact) so that its largest
+// magnitude lies in [1, 2) (k is clamped to keep 2^k a normal f32), and
+//
+//   1 / sqrt(mean + eps) = 2^k / sqrt(mean(scaled^2) + eps * 2^2k).
+//
+// When eps * 2^2k >= 2^40 (tiny rows) the mean is negligible and the factor is 1 / sqrt(eps)
+// on the unscaled row. A row whose mean + eps is 0 (zeros, eps = 0) gives zeros.
+
+struct RmsNormParams {
+    // Rows in this dispatch.
+    rows: u32,
+    dim: u32,
+    eps: f32,
+    // Workgroups along x of the dispatch grid.
+    groups_x: u32,
+    // Index of this dispatch's first row inside the x and out bindings.
+    x_base: u32,
+    out_base: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: RmsNormParams;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> weight: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+const WG: u32 = 256u;
+// 2^40: past this, eps * 2^2k dwarfs the scaled mean (< 16) by more than 2^36.
+const EPS_DOMINATES: f32 = 1099511627776.0;
+
+var<workgroup> partial: array<f32, WG>;
+
+@compute @workgroup_size(256)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let row = wid.y * params.groups_x + wid.x;
+    if row >= params.rows {
+        return;
+    }
+    let dim = params.dim;
+    let xb = params.x_base + row * dim;
+
+    // Pass 1: the largest magnitude (exact, any order).
+    var m = 0.0;
+    for (var i = lid; i < dim; i += WG) {
+        m = max(m, abs(x[xb + i]));
+    }
+    partial[lid] = m;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            partial[lid] = max(partial[lid], partial[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let mx = partial[0];
+    workgroupBarrier();
+
+    // 2^k with k = 127 - (biased exponent of mx), clamped to [-126, 126]: mx * 2^k in [1, 2)
+    // for normal mx.
+    let e = i32((bitcast<u32>(mx) >> 23u) & 0xffu);
+    let k = clamp(127 - e, -126, 126);
+    let scale = bitcast<f32>(u32(k + 127) << 23u);
+
+    // Pass 2: sum of squares of the scaled row, in a fixed order.
+    var acc = 0.0;
+    for (var i = lid; i < dim; i += WG) {
+        let v = x[xb + i] * scale;
+        acc += v * v;
+    }
+    partial[lid] = acc;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            partial[lid] = partial[lid] + partial[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let mean_scaled = partial[0] / f32(dim);
+
+    // Pass 3: the output.
+    let eps = params.eps;
+    let eps_scaled = eps * scale * scale;
+    let direct = eps > 0.0 && eps_scaled >= EPS_DOMINATES;
+    let d = mean_scaled + eps_scaled;
+    var factor = select(inverseSqrt(d), 0.0, d == 0.0);
+    var pre = scale;
+    if direct {
+        factor = inverseSqrt(eps);
+        pre = 1.0;
+    }
+    let ob = params.out_base + row * dim;
+    for (var i = lid; i < dim; i += WG) {
+        out[ob + i] = x[xb + i] * pre * factor * weight[i];
+    }
+}

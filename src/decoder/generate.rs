@@ -1,0 +1,141 @@
+//! Text generation with a loaded model: the prompt (raw, or in the model's chat template),
+//! a prefill, then one token per step until EOS or the token budget, streamed as text.
+
+use std::time::Instant;
+
+use super::load::LoadedModel;
+use super::sampling::{Sampler, Sampling};
+use crate::cache::paged::{PagedKvCache, PoolSize};
+use crate::gpu::Context;
+use crate::quant::KvDtype;
+use crate::shader::Precision;
+use crate::{Error, Result};
+
+/// What to generate and how.
+#[derive(Debug, Clone)]
+pub struct TextOptions {
+    /// The user message (or the raw prompt with [`raw`](Self::raw)).
+    pub prompt: String,
+    /// Use the prompt as is, without the chat template.
+    pub raw: bool,
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// How to choose tokens.
+    pub sampling: Sampling,
+    /// KV cache storage format.
+    pub kv_dtype: KvDtype,
+    /// Attention kernel precision (used when the model is loaded).
+    pub precision: Precision,
+}
+
+impl Default for TextOptions {
+    /// A question about France in the chat template, 64 tokens, greedy, f16 KV, f32 kernels.
+    fn default() -> Self {
+        Self {
+            prompt: "What is the capital of France?".into(),
+            raw: false,
+            max_tokens: 64,
+            sampling: Sampling::default(),
+            kv_dtype: KvDtype::F16,
+            precision: Precision::F32,
+        }
+    }
+}
+
+/// What a generation produced and how fast.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextStats {
+    /// The prompt's token ids.
+    pub prompt_ids: Vec<u32>,
+    /// The generated token ids (EOS not included).
+    pub ids: Vec<u32>,
+    /// The generated text.
+    pub text: String,
+    /// Prompt tokens prefilled.
+    pub prefill_tokens: usize,
+    /// Seconds of the prefill (through the first token's logits).
+    pub prefill_seconds: f64,
+    /// Decode steps run (one per generated token after the first).
+    pub decode_tokens: usize,
+    /// Seconds of the decode steps.
+    pub decode_seconds: f64,
+    /// The logits the first generated token was chosen from.
+    pub first_logits: Vec<f32>,
+}
+
+/// The prompt's token ids under `opts` (chat template unless raw).
+pub fn prompt_ids(loaded: &LoadedModel, opts: &TextOptions) -> Result<Vec<u32>> {
+    let t = &loaded.tokenizer;
+    let ids = if opts.raw {
+        t.encode_prompt(&opts.prompt)
+    } else {
+        t.encode(&t.chat_prompt(&[("user", opts.prompt.as_str())], true)?)
+    };
+    if ids.is_empty() {
+        return Err(Error::InvalidArgument("the prompt has no tokens".into()));
+    }
+    Ok(ids)
+}
+
+/// Generates from `opts.prompt`, calling `on_text` with each piece of text as soon as it is
+/// complete UTF-8.
+pub fn generate_text(
+    ctx: &Context,
+    loaded: &LoadedModel,
+    opts: &TextOptions,
+    mut on_text: impl FnMut(&str),
+) -> Result<TextStats> {
+    let mut sampler = Sampler::new(opts.sampling)?;
+    let prompt = prompt_ids(loaded, opts)?;
+    let model = &loaded.model;
+    let c = model.config();
+    let kv = c.kv_config(opts.kv_dtype);
+    let blocks = (prompt.len() + opts.max_tokens + 1).div_ceil(kv.block_size);
+    let mut cache = PagedKvCache::new(ctx, kv, PoolSize::Blocks(blocks))?;
+    let seq = 0;
+    cache.add_sequence(seq, &[])?;
+    let eos = loaded.tokenizer.eos_id();
+    let mut stream = loaded.tokenizer.stream_decoder();
+    let mut ids = Vec::new();
+    let mut text = String::new();
+
+    let t0 = Instant::now();
+    let first = model.forward(ctx, &mut cache, &[(seq, &prompt)])?;
+    let prefill_seconds = t0.elapsed().as_secs_f64();
+    let first_logits = first.logits;
+    let mut logits = first_logits.clone();
+    let t1 = Instant::now();
+    let mut decode_tokens = 0;
+    while ids.len() < opts.max_tokens {
+        let next = sampler.sample(&logits)?;
+        if Some(next) == eos {
+            break;
+        }
+        ids.push(next);
+        let piece = stream.push(next);
+        if !piece.is_empty() {
+            on_text(&piece);
+            text.push_str(&piece);
+        }
+        if ids.len() == opts.max_tokens {
+            break;
+        }
+        logits = model.forward(ctx, &mut cache, &[(seq, &[next])])?.logits;
+        decode_tokens += 1;
+    }
+    let rest = stream.finish();
+    if !rest.is_empty() {
+        on_text(&rest);
+        text.push_str(&rest);
+    }
+    Ok(TextStats {
+        prefill_tokens: prompt.len(),
+        prompt_ids: prompt,
+        ids,
+        text,
+        prefill_seconds,
+        decode_tokens,
+        decode_seconds: t1.elapsed().as_secs_f64(),
+        first_logits,
+    })
+}

@@ -1,0 +1,15 @@
+//! A Llama-family decoder on kvattn's kernels (DESIGN.md: `src/decoder/`): the forward pass on
+//! the GPU ([`model`], with the element-wise kernels of [`ops`]), loading GGUF models ([`gguf`],
+//! [`load`]), the GPT-2 byte-level BPE tokenizer with ChatML prompts ([`tokenizer`]), sampling
+//! on the host ([`sampling`]), text generation ([`generate`]) and the KV-cache article's toy
+//! experiment ([`toy`]).
+
+pub mod generate;
+pub mod gguf;
+pub mod load;
+pub mod model;
+pub mod ops;
+pub mod quality;
+pub mod sampling;
+pub mod tokenizer;
+pub mod toy;

@@ -1,0 +1,148 @@
+//! Llama RMSNorm on the GPU (`shaders/rms_norm.wgsl`), out of place:
+//!
+//! ```text
+//! out[r, i] = x[r, i] / sqrt(mean_i(x[r, :]^2) + eps) * weight[i]
+//! ```
+//!
+//! for `rows` rows of `dim` f32 values. The CPU reference is
+//! [`crate::reference::ops::rms_norm`].
+//!
+//! One workgroup of 256 invocations per row (any `dim`), a fixed reduction order (each
+//! invocation sums its strided elements in index order, then a tree in workgroup memory): the
+//! bits of a row's output depend only on that row, `weight` and `eps`, never on how many rows
+//! share the call or where the call's slices of the buffers begin (DESIGN.md section 1).
+//!
+//! No finite input overflows: the kernel scales the row by a power of two (exactly) so that its
+//! largest magnitude is about 1 before squaring, so rows of magnitude `1e18` or `3e38` normalize
+//! as well as rows of magnitude 1. A row of zeros gives zeros, with `eps = 0` too. The outputs
+//! of a row holding an infinity or a NaN are unspecified (WGSL leaves such arithmetic to the
+//! adapter).
+//!
+//! # Accuracy
+//!
+//! Within `2e-6` of the f64 reference, relative to each output (the test's bound). The sum of
+//! squares carries at most `ceil(dim / 256) + 8` f32 roundings of `2^-24` each (`2.4e-6`
+//! relative at `dim = 8192` if every one went the same way; far less in practice), halved by
+//! the square root; `inverseSqrt` adds at most 2 ulp (WGSL) and the three products 0.5 ulp
+//! each.
+
+use crate::decoder::ops::{bind, check_distinct, max_bound_elems, mul};
+use crate::gpu::{check_storage, Context};
+use crate::mla::head_matmul::{binding_limit, check_positive, submit_dispatches};
+use crate::pipeline::PipelineKey;
+use crate::shader::{Kernel, Precision, ShaderVariant};
+use crate::{Error, Result};
+
+crate::wgsl_struct! {
+    /// Mirror of the WGSL `RmsNormParams` uniform (one per dispatch).
+    pub struct RmsNormParams {
+        /// Rows in this dispatch.
+        pub rows: u32,
+        /// Values per row.
+        pub dim: u32,
+        /// Added to the mean of squares.
+        pub eps: f32,
+        /// Workgroups along x of the dispatch grid.
+        pub groups_x: u32,
+        /// Index of the dispatch's first row inside the x binding.
+        pub x_base: u32,
+        /// The same inside the out binding.
+        pub out_base: u32,
+        /// Padding.
+        pub _pad0: u32,
+        /// Padding.
+        pub _pad1: u32,
+    }
+}
+
+/// Invocations per workgroup (the WGSL `@workgroup_size`; one workgroup per row).
+pub const WORKGROUP_SIZE: u32 = 256;
+
+/// Override constants for the naga tests (the kernel has none).
+pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
+    vec![Vec::new()]
+}
+
+/// RMSNorm of `rows` rows of `dim` values: `x` holds `[rows, dim]` f32 values, `weight`
+/// `[dim]`, and the first `rows * dim` values of `out` are written (the rest is not touched).
+/// `eps` must be finite and `>= 0` (Llama uses `1e-5` or `1e-6`). `out` must be a buffer other
+/// than `x` and `weight`. Rows are processed in slices when `x` or `out` exceeds one storage
+/// binding (one submission).
+///
+/// # Errors
+/// Everything is checked before anything is dispatched: [`Error::InvalidArgument`] when `rows`
+/// or `dim` is 0 or does not fit a u32, `rows * dim` overflows, `eps` is negative or not finite,
+/// a buffer lacks `STORAGE` usage, or `out` is `x` or `weight`; [`Error::ShapeMismatch`] when a
+/// buffer holds fewer values than the shape needs; [`Error::TooLarge`] when one row exceeds a
+/// storage binding; [`Error::Gpu`] or [`Error::Shader`] from wgpu.
+pub fn rms_norm(
+    ctx: &Context,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+    x: &wgpu::Buffer,
+    weight: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+) -> Result<()> {
+    check_positive("rms_norm", &[("rows", rows), ("dim", dim)])?;
+    if !eps.is_finite() || eps < 0.0 {
+        return Err(Error::InvalidArgument(format!(
+            "rms_norm: eps {eps} must be finite and >= 0"
+        )));
+    }
+    let elems = mul("rms_norm rows * dim", rows, dim)?;
+    check_storage("rms_norm x", x, elems)?;
+    check_storage("rms_norm weight", weight, dim)?;
+    check_storage("rms_norm out", out, elems)?;
+    check_distinct("rms_norm", ("out", out), &[("x", x), ("weight", weight)])?;
+    let per_binding = max_bound_elems(ctx);
+    if dim as u64 > per_binding {
+        return Err(Error::TooLarge {
+            what: format!("one rms_norm row ({dim} values)"),
+            bytes: dim as u64 * 4,
+            limit: binding_limit(ctx),
+        });
+    }
+    let rows_per_chunk = (per_binding / dim as u64) as usize;
+    let key = PipelineKey::new(ShaderVariant::new(Kernel::RmsNorm, Precision::F32), &[]);
+    let pipeline = ctx.pipeline(&key)?;
+    let max_groups = ctx.caps().max_compute_workgroups_per_dimension.max(1) as usize;
+    let w = bind(ctx, 0, dim as u64)?;
+    let mut chunks = Vec::new();
+    let mut r0 = 0;
+    while r0 < rows {
+        let n = rows_per_chunk.min(rows - r0);
+        let first = (r0 * dim) as u64;
+        let span = (n * dim) as u64;
+        let (xs, os) = (bind(ctx, first, span)?, bind(ctx, first, span)?);
+        let gx = n.min(max_groups);
+        let gy = n.div_ceil(gx);
+        let params = RmsNormParams {
+            rows: n as u32,
+            dim: dim as u32,
+            eps,
+            groups_x: gx as u32,
+            x_base: xs.base,
+            out_base: os.base,
+            ..Default::default()
+        };
+        let uniform = ctx.uniform("rms_norm params", &params);
+        chunks.push((uniform, xs, os, [gx as u32, gy as u32, 1]));
+        r0 += n;
+    }
+    let dispatches = chunks
+        .iter()
+        .map(|(uniform, xs, os, grid)| {
+            (
+                vec![
+                    uniform.as_entire_binding(),
+                    xs.resource(x),
+                    w.resource(weight),
+                    os.resource(out),
+                ],
+                *grid,
+            )
+        })
+        .collect();
+    submit_dispatches(ctx, "rms_norm", &pipeline, dispatches)
+}

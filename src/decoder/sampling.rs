@@ -1,0 +1,215 @@
+//! Choosing the next token from logits on the host: greedy, or temperature with top-k and top-p
+//! (nucleus) filtering, reproducible from a seed.
+
+use crate::{Error, Result};
+
+/// How to pick the next token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// 0: greedy (argmax, the lowest id on ties); otherwise logits are divided by it.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens (0: all).
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability reaches `top_p` (1: all).
+    pub top_p: f32,
+    /// Seed of the random draws.
+    pub seed: u64,
+}
+
+impl Default for Sampling {
+    /// Greedy.
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+impl Sampling {
+    /// Checks the settings: a finite temperature `>= 0`, `0 < top_p <= 1`.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "temperature {} must be finite and non-negative",
+                self.temperature
+            )));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(Error::InvalidArgument(format!(
+                "top-p {} must be in (0, 1]",
+                self.top_p
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The index of the largest logit (the lowest on ties; NaN never wins). Errors on empty
+/// logits or when every logit is NaN.
+pub fn argmax(logits: &[f32]) -> Result<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &x) in logits.iter().enumerate() {
+        if x.is_nan() {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| x > b) {
+            best = Some((i, x));
+        }
+    }
+    best.map(|(i, _)| i as u32).ok_or_else(|| {
+        Error::InvalidArgument(
+            "no finite-or-infinite logit to choose from (all NaN or empty)".into(),
+        )
+    })
+}
+
+/// A sampler: [`Sampling`] plus its random state (SplitMix64).
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    cfg: Sampling,
+    state: u64,
+}
+
+impl Sampler {
+    /// A sampler with `cfg` (checked).
+    pub fn new(cfg: Sampling) -> Result<Self> {
+        cfg.validate()?;
+        Ok(Self {
+            cfg,
+            state: cfg.seed,
+        })
+    }
+
+    fn uniform(&mut self) -> f64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// The next token for `logits`.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
+        if self.cfg.temperature == 0.0 {
+            return argmax(logits);
+        }
+        let mut ids: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
+        if ids.is_empty() {
+            return argmax(logits);
+        }
+        // Most likely first; ties by id, so the order is reproducible.
+        ids.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        if self.cfg.top_k > 0 {
+            ids.truncate(self.cfg.top_k);
+        }
+        let t = f64::from(self.cfg.temperature);
+        let top = f64::from(logits[ids[0]]);
+        let mut probs: Vec<f64> = ids
+            .iter()
+            .map(|&i| ((f64::from(logits[i]) - top) / t).exp())
+            .collect();
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+        if self.cfg.top_p < 1.0 {
+            let mut acc = 0.0;
+            let keep = probs
+                .iter()
+                .position(|&p| {
+                    acc += p;
+                    acc >= f64::from(self.cfg.top_p)
+                })
+                .map_or(probs.len(), |i| i + 1);
+            ids.truncate(keep);
+            probs.truncate(keep);
+            let total: f64 = probs.iter().sum();
+            probs.iter_mut().for_each(|p| *p /= total);
+        }
+        let u = self.uniform();
+        let mut acc = 0.0;
+        for (&i, &p) in ids.iter().zip(&probs) {
+            acc += p;
+            if u < acc {
+                return Ok(i as u32);
+            }
+        }
+        Ok(*ids.last().expect("at least one candidate") as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_the_largest_and_the_lowest_id_on_ties() {
+        assert_eq!(argmax(&[0.1, 3.0, -1.0, 3.0]).unwrap(), 1);
+        assert_eq!(argmax(&[f32::NAN, -5.0, f32::NAN]).unwrap(), 1);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY]).unwrap(), 0);
+        assert!(argmax(&[]).is_err());
+        assert!(argmax(&[f32::NAN]).is_err());
+        let mut s = Sampler::new(Sampling::default()).unwrap();
+        assert_eq!(s.sample(&[0.0, 2.0, 1.0]).unwrap(), 1);
+    }
+
+    #[test]
+    fn sampling_follows_the_distribution_and_the_seed() {
+        let logits = [0.0f32, (2.0f32).ln(), f32::NAN, f32::NEG_INFINITY];
+        let cfg = Sampling {
+            temperature: 1.0,
+            seed: 7,
+            ..Sampling::default()
+        };
+        let mut s = Sampler::new(cfg).unwrap();
+        let mut counts = [0usize; 4];
+        let n = 30_000;
+        for _ in 0..n {
+            counts[s.sample(&logits).unwrap() as usize] += 1;
+        }
+        // p = 1/3, 2/3; never the NaN or -inf one.
+        assert_eq!(counts[2] + counts[3], 0);
+        let p1 = counts[1] as f64 / n as f64;
+        assert!((p1 - 2.0 / 3.0).abs() < 0.02, "{p1}");
+        // Same seed, same draws.
+        let mut a = Sampler::new(cfg).unwrap();
+        let mut b = Sampler::new(cfg).unwrap();
+        let xs: Vec<u32> = (0..50).map(|_| a.sample(&logits).unwrap()).collect();
+        let ys: Vec<u32> = (0..50).map(|_| b.sample(&logits).unwrap()).collect();
+        assert_eq!(xs, ys);
+    }
+
+    #[test]
+    fn top_k_and_top_p_filter() {
+        let logits = [3.0f32, 2.0, 1.0, 0.0];
+        let only = |cfg: Sampling| {
+            let mut s = Sampler::new(cfg).unwrap();
+            let mut seen = [false; 4];
+            for _ in 0..2000 {
+                seen[s.sample(&logits).unwrap() as usize] = true;
+            }
+            seen
+        };
+        let base = Sampling {
+            temperature: 1.0,
+            ..Sampling::default()
+        };
+        assert_eq!(
+            only(Sampling { top_k: 2, ..base }),
+            [true, true, false, false]
+        );
+        // p(3.0) = 0.64 of the four: top-p 0.5 keeps only it.
+        assert_eq!(
+            only(Sampling { top_p: 0.5, ..base }),
+            [true, false, false, false]
+        );
+        assert!(Sampler::new(Sampling { top_p: 0.0, ..base }).is_err());
+        assert!(Sampler::new(Sampling {
+            temperature: f32::NAN,
+            ..base
+        })
+        .is_err());
+    }
+}

@@ -1,0 +1,108 @@
+//! CPU reference of the Llama-family decoder's forward pass: the oracle of
+//! [`Decoder`](crate::decoder::model::Decoder). Plain loops with f64 accumulation for the norms
+//! and matrix products, [`rope`](super::rope::rope) for the rotary embedding and
+//! [`attention`](super::attention()) (causal) for attention, on one sequence.
+
+use crate::attention::{AttentionOptions, RaggedBatch};
+use crate::decoder::model::{DecoderConfig, HostWeights};
+use crate::{Error, Result};
+
+/// `out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w` for rows of `w.len()` values.
+fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let d = w.len();
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(d) {
+        let ms = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / d as f64;
+        let inv = 1.0 / (ms + f64::from(eps)).sqrt();
+        out.extend(
+            row.iter()
+                .zip(w)
+                .map(|(&v, &g)| (f64::from(v) * inv * f64::from(g)) as f32),
+        );
+    }
+    out
+}
+
+/// `y[t] = W x[t]` with `W` `[n, k]`.
+fn linear(x: &[f32], w: &[f32], k: usize, n: usize) -> Vec<f32> {
+    let mut y = Vec::with_capacity(x.len() / k * n);
+    for row in x.chunks(k) {
+        for wr in w.chunks(k).take(n) {
+            let acc: f64 = row
+                .iter()
+                .zip(wr)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            y.push(acc as f32);
+        }
+    }
+    y
+}
+
+/// The logits (`[vocab]`) after the last of `tokens`, run as one causal prefill from position 0
+/// through the first `layers` layers of the model (all of them when `None`), then the final norm
+/// and the output projection.
+pub fn llama_logits(
+    config: &DecoderConfig,
+    weights: &HostWeights,
+    tokens: &[u32],
+    layers: Option<usize>,
+) -> Result<Vec<f32>> {
+    config.validate()?;
+    weights.validate(config)?;
+    let c = config;
+    let d = c.d_model;
+    if tokens.is_empty() {
+        return Err(Error::InvalidArgument("no tokens".into()));
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
+        return Err(Error::InvalidArgument(format!(
+            "token {bad} is outside the vocabulary of {}",
+            c.vocab
+        )));
+    }
+    let n_layers = layers.unwrap_or(c.layers).min(c.layers);
+    let t = tokens.len();
+    let positions: Vec<u32> = (0..t as u32).collect();
+    let mut x: Vec<f32> = tokens
+        .iter()
+        .flat_map(|&id| weights.embed[id as usize * d..(id as usize + 1) * d].to_vec())
+        .collect();
+    let shape = c.attention_shape();
+    let options = AttentionOptions::default();
+    for w in &weights.layers[..n_layers] {
+        let h = rms_norm(&x, &w.attn_norm, c.rms_eps);
+        let q = linear(&h, &w.wq, d, c.q_dim());
+        let k = linear(&h, &w.wk, d, c.kv_dim());
+        let v = linear(&h, &w.wv, d, c.kv_dim());
+        let q = super::rope::rope(&q, &positions, &c.rope(c.n_heads))?;
+        let k = super::rope::rope(&k, &positions, &c.rope(c.n_kv_heads))?;
+        let cu = [0u32, t as u32];
+        let batch = RaggedBatch {
+            q: &q,
+            k: &k,
+            v: &v,
+            cu_seqlens_q: &cu,
+            cu_seqlens_k: &cu,
+        };
+        let attn = super::attention(&batch, &shape, &options)?.out;
+        let o = linear(&attn, &w.wo, c.q_dim(), d);
+        x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+        let h = rms_norm(&x, &w.ffn_norm, c.rms_eps);
+        let gate = linear(&h, &w.w_gate, d, c.ffn);
+        let up = linear(&h, &w.w_up, d, c.ffn);
+        let act: Vec<f32> = gate
+            .iter()
+            .zip(&up)
+            .map(|(&g, &u)| {
+                let g = f64::from(g);
+                (g / (1.0 + (-g).exp()) * f64::from(u)) as f32
+            })
+            .collect();
+        let down = linear(&act, &w.w_down, c.ffn, d);
+        x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+    }
+    let last = rms_norm(&x[(t - 1) * d..], &weights.final_norm, c.rms_eps);
+    let head = weights.lm_head.as_deref().unwrap_or(&weights.embed);
+    Ok(linear(&last, head, d, c.vocab))
+}
