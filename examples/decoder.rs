@@ -25,11 +25,12 @@ use kvattn::{Error, Result};
 const USAGE: &str = "\
 decoder: the KV-cache toy experiment (default) or a GGUF model generating text
 
-  cargo run --release --example decoder [-- --json]
+  cargo run --release --example decoder [-- --json] [--quick]
   cargo run --release --example decoder -- --model FILE.gguf [--prompt TEXT] [--raw]
       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--kv-dtype D]
 
   --json          the toy experiment's results as one JSON object
+  --quick         the toy experiment at lengths 64 and 128 with a 256-token prefill
   --model FILE    a Llama-family GGUF file (F32/F16/Q8_0/Q4_0/Q4_1 tensors)
   --prompt TEXT   the user message (default: a question about France)
   --raw           the prompt as is, without the chat template
@@ -41,6 +42,7 @@ decoder: the KV-cache toy experiment (default) or a GGUF model generating text
 #[derive(Debug, Clone)]
 struct Opts {
     json: bool,
+    quick: bool,
     model: Option<String>,
     text: TextOptions,
 }
@@ -48,6 +50,7 @@ struct Opts {
 fn parse() -> Result<Opts> {
     let mut o = Opts {
         json: false,
+        quick: false,
         model: None,
         text: TextOptions::default(),
     };
@@ -58,6 +61,7 @@ fn parse() -> Result<Opts> {
         let flag = args[i].as_str();
         match flag {
             "--json" => o.json = true,
+            "--quick" => o.quick = true,
             "--raw" => o.text.raw = true,
             "--help" | "-h" => {
                 println!("{}", USAGE);
@@ -135,7 +139,7 @@ fn print_toy(r: &ToyReport) {
             );
         }
     }
-    println!("\nCache bytes after a 1,024-token prefill (f32 KV):");
+    println!("\nCache bytes after the prefill (f32 KV):");
     println!("| layout | KV heads | measured | 2 x layers x kv_heads x head_dim x tokens x 4 | last logits cached = recomputed (1e-3) |");
     println!("|---|---:|---:|---:|:---:|");
     for c in &r.cache_bytes {
@@ -209,7 +213,12 @@ fn run() -> Result<()> {
         );
         std::io::stdout().flush().ok();
     }
-    let report = toy::run(&ctx, &ToyOptions::default())?;
+    let mut toy_opts = ToyOptions::default();
+    if o.quick {
+        toy_opts.lengths = vec![64, 128];
+        toy_opts.prefill = 256;
+    }
+    let report = toy::run(&ctx, &toy_opts)?;
     if o.json {
         println!("{}", toy_json(&report));
     } else {

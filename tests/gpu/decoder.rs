@@ -166,3 +166,38 @@ fn a_step_that_does_not_fit_changes_nothing_and_bad_input_is_refused() {
     assert!(Decoder::upload(ctx, c, &w, Precision::F32).is_err());
     assert_eq!(cache.allocator().len(0).unwrap(), 0);
 }
+
+#[test]
+fn the_toy_experiment_reports_matching_tokens_and_formula_cache_bytes() {
+    use kvattn::decoder::toy::{run, ToyOptions};
+    let ctx = gpu();
+    let opts = ToyOptions {
+        lengths: vec![40, 72],
+        prompt: 8,
+        prefill: 96,
+        ..ToyOptions::default()
+    };
+    let r = run(ctx, &opts).unwrap();
+    assert_eq!(r.lengths.len(), 2);
+    for l in &r.lengths {
+        assert!(l.tokens_match, "length {}", l.length);
+        assert!(
+            l.max_logit_diff < 1e-4,
+            "length {}: {}",
+            l.length,
+            l.max_logit_diff
+        );
+        assert!(l.flops_uncached > l.flops_cached);
+        assert!(!l.windows.is_empty());
+    }
+    // Longer generations cost more, the recomputing run much more.
+    let (a, b) = (&r.lengths[0], &r.lengths[1]);
+    assert!(b.flops_cached > a.flops_cached && b.flops_uncached > 2 * a.flops_uncached);
+    let names: Vec<_> = r.cache_bytes.iter().map(|c| (c.name, c.kv_heads)).collect();
+    assert_eq!(names, [("mha", 8), ("gqa", 2), ("mqa", 1)]);
+    for c in &r.cache_bytes {
+        assert_eq!(c.measured, c.formula, "{}", c.name);
+        assert_eq!(c.formula, (2 * 2 * c.kv_heads * 16 * 96 * 4) as u64);
+        assert!(c.logits_agree, "{}", c.name);
+    }
+}
