@@ -10,6 +10,7 @@ pub mod pipeline;
 pub mod quant;
 pub mod reference;
 pub mod rope;
+pub mod serve;
 pub mod shader;
 
 pub use error::{Error, Result};

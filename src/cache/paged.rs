@@ -277,6 +277,23 @@ impl PagedKvCache {
         self.alloc.blocks(seq)
     }
 
+    /// Blocks that appending `new` tokens to each sequence of `batch` (`(seq, new)` pairs,
+    /// sequences distinct) may take: the blocks the new tokens start, plus one per sequence
+    /// whose partial last block is shared (copy-on-write). An upper bound (prefix-cache hits may
+    /// take fewer): when it is at most [`BlockAllocator::num_free_blocks`], the appends succeed.
+    pub fn blocks_needed(&self, batch: &[(SeqId, usize)]) -> Result<usize> {
+        let a = &self.alloc;
+        let mut need = 0;
+        for &(seq, new) in batch {
+            let (len, blocks) = (a.len(seq)?, a.blocks(seq)?);
+            need += a.blocks_for(len + new).saturating_sub(blocks.len());
+            let shared_tail =
+                len % a.block_size() != 0 && blocks.last().is_some_and(|&b| a.refcount(b) > 1);
+            need += usize::from(shared_tail);
+        }
+        Ok(need)
+    }
+
     /// Allocates slots for `tokens` new tokens of `seq` and adds them to `batch`; copy-on-write
     /// copies run on every layer now. On error (e.g. [`Error::OutOfBlocks`]) nothing changes.
     pub fn append_tokens(

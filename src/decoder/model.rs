@@ -424,23 +424,14 @@ impl Decoder {
             needed += tokens.len();
         }
         embed_host_check(&ids, c.vocab)?;
-        // All or nothing: refuse the step unless every sequence's new blocks (and a copy of a
-        // shared partial last block) fit the free blocks, then allocate.
-        let alloc = cache.allocator();
-        let mut need = 0;
-        for &(seq, tokens) in batch {
-            let (len, blocks) = (alloc.len(seq)?, alloc.blocks(seq)?);
-            need += alloc
-                .blocks_for(len + tokens.len())
-                .saturating_sub(blocks.len());
-            let shared_tail = len % alloc.block_size() != 0
-                && blocks.last().is_some_and(|&b| alloc.refcount(b) > 1);
-            need += usize::from(shared_tail);
-        }
-        if need > alloc.num_free_blocks() {
+        // All or nothing: refuse the step unless every sequence's new blocks fit, then allocate.
+        let news: Vec<(SeqId, usize)> = batch.iter().map(|&(s, t)| (s, t.len())).collect();
+        let need = cache.blocks_needed(&news)?;
+        let free = cache.allocator().num_free_blocks();
+        if need > free {
             return Err(Error::OutOfBlocks {
                 needed: need,
-                available: alloc.num_free_blocks(),
+                available: free,
             });
         }
         let mut append = AppendBatch::new();

@@ -15,4 +15,5 @@ mod mla;
 mod paged;
 mod paged_attention;
 mod rope;
+mod serve;
 mod strided_copy;
