@@ -201,3 +201,38 @@ fn the_toy_experiment_reports_matching_tokens_and_formula_cache_bytes() {
         assert!(c.logits_agree, "{}", c.name);
     }
 }
+
+#[test]
+fn kv_written_by_decode_steps_equals_kv_of_a_recomputing_prefill() {
+    // What recompute-preemption relies on: prefilling a sequence's tokens again writes the very
+    // K/V rows (and gives the very logits) its decode steps produced.
+    let ctx = gpu();
+    let c = toy_config(2);
+    let model = Decoder::upload(ctx, c, &random_weights(&c, 8), Precision::F32).unwrap();
+    let ids = tokens(21, c.vocab, 6);
+    for dtype in [KvDtype::F16, KvDtype::Fp8E4M3, KvDtype::Int8] {
+        let mut kv = c.kv_config(dtype);
+        kv.block_size = 8;
+        let mut cache = PagedKvCache::new(ctx, kv, PoolSize::Blocks(8)).unwrap();
+        cache.add_sequence(0, &[]).unwrap();
+        cache.add_sequence(1, &[]).unwrap();
+        model.forward(ctx, &mut cache, &[(0, &ids[..9])]).unwrap();
+        let mut last = None;
+        for i in 9..ids.len() {
+            last = Some(
+                model
+                    .forward(ctx, &mut cache, &[(0, &ids[i..i + 1])])
+                    .unwrap(),
+            );
+        }
+        let whole = model.forward(ctx, &mut cache, &[(1, &ids)]).unwrap();
+        assert_eq!(last.unwrap().logits, whole.logits, "{dtype}: logits");
+        for layer in 0..c.layers {
+            let (a, b) = (
+                cache.read_rows(ctx, 0, layer).unwrap(),
+                cache.read_rows(ctx, 1, layer).unwrap(),
+            );
+            assert_eq!(a, b, "{dtype}: layer {layer} K/V");
+        }
+    }
+}
