@@ -24,6 +24,8 @@ use crate::mla::head_matmul::{head_matmul, HeadMatmul, RowStrides};
 use crate::quant::KvDtype;
 use crate::rope::{rope, RopeConfig, RopeStyle};
 use crate::shader::Precision;
+use std::sync::Mutex;
+
 use crate::{Error, Result};
 
 /// The shape of a Llama-family decoder.
@@ -240,11 +242,12 @@ pub struct Decoder {
     layers: Vec<GpuLayer>,
     final_norm: wgpu::Buffer,
     lm_head: Option<wgpu::Buffer>,
+    /// Activations of the largest step so far, reused by every step that fits them.
+    scratch: Mutex<Option<Scratch>>,
 }
 
 /// `y[t, :] = W x[t, :]` for `rows` rows of `x` starting at row `x_row`, with `W` `[n, k]`;
 /// rows of `y` start at row `y_row`. Returns the FLOPs.
-#[allow(clippy::too_many_arguments)]
 fn linear(
     ctx: &Context,
     (x, x_row): (&wgpu::Buffer, usize),
@@ -277,8 +280,10 @@ fn linear(
     Ok(spec.flops())
 }
 
-/// Scratch buffers of one step of `t` tokens.
+/// Activation buffers for steps of up to `tokens` tokens.
+#[derive(Debug)]
 struct Scratch {
+    tokens: usize,
     x: wgpu::Buffer,
     h: wgpu::Buffer,
     q: wgpu::Buffer,
@@ -298,6 +303,7 @@ impl Scratch {
     fn new(ctx: &Context, c: &DecoderConfig, t: usize) -> Result<Self> {
         let f = |what: &str, n: usize| ctx.filled(what, n.max(1), 0.0f32);
         Ok(Self {
+            tokens: t,
             x: f("residual", t * c.d_model)?,
             h: f("normed", t * c.d_model)?,
             q: f("q", t * c.q_dim())?,
@@ -358,6 +364,7 @@ impl Decoder {
                 .as_deref()
                 .map(|h| up("output projection", h))
                 .transpose()?,
+            scratch: Mutex::new(None),
         })
     }
 
@@ -439,7 +446,16 @@ impl Decoder {
             cache.append_tokens(ctx, &mut append, seq, tokens)?;
         }
         let t = needed;
-        let s = Scratch::new(ctx, &c, t)?;
+        // Reuse the activation buffers while they are large enough (wgpu orders the previous
+        // step's work before this step's writes).
+        let mut scratch = self
+            .scratch
+            .lock()
+            .map_err(|_| Error::Gpu("the decoder's scratch buffers are poisoned".into()))?;
+        if scratch.as_ref().is_none_or(|s| s.tokens < t) {
+            *scratch = Some(Scratch::new(ctx, &c, t.max(16))?);
+        }
+        let s = scratch.as_ref().expect("allocated above");
         let tokens_buf = ctx.upload("token ids", &ids)?;
         embed(ctx, &tokens_buf, t, c.d_model, c.vocab, &self.embed, &s.x)?;
         let options = AttentionOptions::default();

@@ -251,11 +251,6 @@ impl Scheduler {
         self.live.len()
     }
 
-    /// The arrival time of the next request not yet admitted, if any.
-    pub fn next_arrival(&self) -> Option<f64> {
-        self.waiting.front().map(|r| r.arrival)
-    }
-
     fn running(&self) -> usize {
         self.live
             .iter()

@@ -606,6 +606,26 @@ struct Outcome {
 }
 
 impl Outcome {
+    /// An attention kernel's outcome: its output and lse against the oracle's, passing when
+    /// both errors are within `bounds` (output, lse).
+    fn attention(got: &AttentionOutput, want: &AttentionOutput, bounds: (f64, f64)) -> Self {
+        let (bound, lse_bound) = bounds;
+        let max_err = max_abs_err(&got.out, &want.out);
+        let lse_err = max_abs_err(&got.lse, &want.lse);
+        let pass = max_err <= bound && lse_err <= lse_bound;
+        Self {
+            status: if pass { Status::Pass } else { Status::Fail },
+            max_err,
+            nmse: nmse(&got.out, &want.out),
+            lse_err: Some(lse_err),
+            note: (!pass).then(|| {
+                format!(
+                    "out error {max_err:.3e} (bound {bound:.3e}), lse error {lse_err:.3e} (bound {lse_bound:.3e})"
+                )
+            }),
+        }
+    }
+
     fn unmeasured(status: Status, note: String) -> Self {
         Self {
             status,
@@ -875,20 +895,7 @@ impl Verifier {
             ),
             _ => (1e-4 * scale, 1e-4),
         };
-        let max_err = max_abs_err(&got.out, &want.out);
-        let lse_err = max_abs_err(&got.lse, &want.lse);
-        let pass = max_err <= bound && lse_err <= lse_bound;
-        Ok(Outcome {
-            status: if pass { Status::Pass } else { Status::Fail },
-            max_err,
-            nmse: nmse(&got.out, &want.out),
-            lse_err: Some(lse_err),
-            note: (!pass).then(|| {
-                format!(
-                    "out error {max_err:.3e} (bound {bound:.3e}), lse error {lse_err:.3e} (bound {lse_bound:.3e})"
-                )
-            }),
-        })
+        Ok(Outcome::attention(got, want, (bound, lse_bound)))
     }
 
     fn run(&mut self, check: &Check, seed: u64) -> Result<Outcome> {

@@ -16,7 +16,7 @@ use kvattn::reference::mla::{mla, MlaBatch, MlaShape};
 use kvattn::shader::Precision;
 use kvattn::Result;
 
-use super::{lens_name, max_abs_err, nmse, Outcome, Rng, Status};
+use super::{lens_name, Outcome, Rng, Status};
 
 /// One MLA check: shape, sequences `(len_q, len_k)`, latent storage, path, kernel variant.
 #[derive(Debug, Clone)]
@@ -145,20 +145,7 @@ impl MlaCheck {
             Precision::F16 => 1.0 / 128.0,
         };
         let (bound, lse_bound) = (tol * scale_of(&want.out), tol * scale_of(&want.lse));
-        let max_err = max_abs_err(&got.out, &want.out);
-        let lse_err = max_abs_err(&got.lse, &want.lse);
-        let pass = max_err <= bound && lse_err <= lse_bound;
-        Ok(Outcome {
-            status: if pass { Status::Pass } else { Status::Fail },
-            max_err,
-            nmse: nmse(&got.out, &want.out),
-            lse_err: Some(lse_err),
-            note: (!pass).then(|| {
-                format!(
-                    "out error {max_err:.3e} (bound {bound:.3e}), lse error {lse_err:.3e} (bound {lse_bound:.3e})"
-                )
-            }),
-        })
+        Ok(Outcome::attention(&got, &want, (bound, lse_bound)))
     }
 }
 
