@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 pub mod attention;
+pub mod bench;
 pub mod cache;
 pub mod decoder;
 pub mod error;

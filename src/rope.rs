@@ -224,7 +224,7 @@ pub fn rope(
                 label: Some("rope"),
             });
         {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            let mut pass = ctx.begin_compute_pass(&mut encoder, None);
             pass.set_pipeline(&pipeline);
             for chunk in &chunks {
                 let resources = [

@@ -74,6 +74,10 @@ pub enum Kernel {
     Add,
     /// Token-embedding gather (`shaders/embed.wgsl`).
     Embed,
+    /// The copy kernel measuring memory bandwidth (`shaders/bandwidth.wgsl`).
+    Bandwidth,
+    /// Independent FMA chains measuring the arithmetic rate (`shaders/fma_rate.wgsl`).
+    FmaRate,
 }
 
 /// A host struct's layout as the layout test sees it: WGSL name, field offsets, size.
@@ -85,7 +89,7 @@ fn layout_of<T: WgslStruct>() -> StructLayout {
 
 impl Kernel {
     /// Every kernel family.
-    pub const ALL: [Kernel; 13] = [
+    pub const ALL: [Kernel; 15] = [
         Kernel::Paged,
         Kernel::Merge,
         Kernel::MergeStates,
@@ -99,6 +103,8 @@ impl Kernel {
         Kernel::Swiglu,
         Kernel::Add,
         Kernel::Embed,
+        Kernel::Bandwidth,
+        Kernel::FmaRate,
     ];
 
     /// Name used in labels, errors and pipeline keys.
@@ -117,6 +123,8 @@ impl Kernel {
             Kernel::Swiglu => "swiglu",
             Kernel::Add => "add",
             Kernel::Embed => "embed",
+            Kernel::Bandwidth => "bandwidth",
+            Kernel::FmaRate => "fma_rate",
         }
     }
 
@@ -135,6 +143,8 @@ impl Kernel {
             Kernel::Swiglu => include_str!("../shaders/swiglu.wgsl"),
             Kernel::Add => include_str!("../shaders/add.wgsl"),
             Kernel::Embed => include_str!("../shaders/embed.wgsl"),
+            Kernel::Bandwidth => include_str!("../shaders/bandwidth.wgsl"),
+            Kernel::FmaRate => include_str!("../shaders/fma_rate.wgsl"),
         }
     }
 
@@ -148,6 +158,7 @@ impl Kernel {
             Kernel::Rope => &[],
             Kernel::HeadMatmul | Kernel::StridedCopy => &[],
             Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed => &[],
+            Kernel::Bandwidth | Kernel::FmaRate => &[],
         }
     }
 
@@ -159,7 +170,7 @@ impl Kernel {
     /// The precisions this kernel is built in.
     pub fn precisions(self) -> &'static [Precision] {
         match self {
-            Kernel::Paged => &[Precision::F32, Precision::F16],
+            Kernel::Paged | Kernel::FmaRate => &[Precision::F32, Precision::F16],
             Kernel::Merge
             | Kernel::MergeStates
             | Kernel::Dequant
@@ -171,7 +182,8 @@ impl Kernel {
             | Kernel::RmsNorm
             | Kernel::Swiglu
             | Kernel::Add
-            | Kernel::Embed => &[Precision::F32],
+            | Kernel::Embed
+            | Kernel::Bandwidth => &[Precision::F32],
         }
     }
 
@@ -205,6 +217,8 @@ impl Kernel {
             Kernel::Swiglu => vec![layout_of::<crate::decoder::ops::swiglu::SwigluParams>()],
             Kernel::Add => vec![layout_of::<crate::decoder::ops::add::AddParams>()],
             Kernel::Embed => vec![layout_of::<crate::decoder::ops::embed::EmbedParams>()],
+            Kernel::Bandwidth => vec![layout_of::<crate::bench::bandwidth::BandwidthParams>()],
+            Kernel::FmaRate => vec![layout_of::<crate::bench::fma_rate::FmaParams>()],
         }
     }
 
@@ -225,6 +239,8 @@ impl Kernel {
             Kernel::Swiglu => crate::decoder::ops::swiglu::representative_constants(),
             Kernel::Add => crate::decoder::ops::add::representative_constants(),
             Kernel::Embed => crate::decoder::ops::embed::representative_constants(),
+            Kernel::Bandwidth => crate::bench::bandwidth::representative_constants(),
+            Kernel::FmaRate => crate::bench::fma_rate::representative_constants(),
         }
     }
 }

@@ -95,6 +95,7 @@ pub struct Context {
     adapter: AdapterSummary,
     caps: Capabilities,
     pub(crate) pipelines: PipelineCache,
+    pub(crate) clock: super::timing::PassClock,
 }
 
 impl std::fmt::Debug for Context {
@@ -253,6 +254,7 @@ impl Context {
             adapter: summary(&info),
             caps,
             pipelines: PipelineCache::default(),
+            clock: Default::default(),
         })
     }
 

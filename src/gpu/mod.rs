@@ -2,8 +2,10 @@
 mod buffer;
 mod context;
 mod layout;
+mod timing;
 
 pub(crate) use buffer::check_storage;
 pub use buffer::STORAGE;
 pub use context::{AdapterSummary, Capabilities, Context, ContextOptions};
 pub use layout::WgslStruct;
+pub use timing::Timing;

@@ -236,7 +236,7 @@ pub(crate) fn submit_dispatches(
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
         {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            let mut pass = ctx.begin_compute_pass(&mut encoder, Some(label));
             pass.set_pipeline(pipeline);
             for (resources, grid) in dispatches {
                 let entries: Vec<wgpu::BindGroupEntry> = resources

@@ -232,7 +232,7 @@ pub fn dequantize_gather(
                 label: Some("dequantize_gather"),
             });
         {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            let mut pass = ctx.begin_compute_pass(&mut encoder, None);
             pass.set_pipeline(&pipeline);
             for (uniform, rows, grid) in &dispatches {
                 let buffers = [uniform, pool, &scales, out, rows];

@@ -1,0 +1,157 @@
+//! Timing GPU work: device timestamps around every compute pass where the adapter has
+//! `TIMESTAMP_QUERY`, the wall clock around a queue sync otherwise.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use super::Context;
+use crate::{Error, Result};
+
+/// Compute passes one [`Context::timed`] call can time with timestamps (two queries each); a
+/// call that records more falls back to the wall clock.
+const MAX_TIMED_PASSES: u32 = 1024;
+
+/// Timestamp queries of the passes recorded while [`Context::timed`] runs.
+#[derive(Default)]
+pub(crate) struct PassClock {
+    recorder: Mutex<Option<Recorder>>,
+}
+
+struct Recorder {
+    set: wgpu::QuerySet,
+    next: u32,
+}
+
+/// How long some GPU work took, and how that was measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// Seconds from the start of the first compute pass to the end of the last (timestamps),
+    /// or from the call to the queue being idle again (wall clock).
+    pub seconds: f64,
+    /// Whether `seconds` comes from device timestamps.
+    pub timestamps: bool,
+    /// Compute passes recorded (0 on the wall clock).
+    pub passes: u32,
+}
+
+impl Context {
+    /// Begins a compute pass on `encoder`; while [`Context::timed`] runs, the pass writes
+    /// timestamps at its start and end. Every kernel records its passes through this.
+    pub(crate) fn begin_compute_pass<'e>(
+        &self,
+        encoder: &'e mut wgpu::CommandEncoder,
+        label: Option<&str>,
+    ) -> wgpu::ComputePass<'e> {
+        let mut guard = self
+            .clock
+            .recorder
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let writes = guard.as_mut().and_then(|r| {
+            let at = r.next;
+            r.next += 2;
+            (at + 2 <= 2 * MAX_TIMED_PASSES).then(|| (r.set.clone(), at))
+        });
+        drop(guard);
+        match writes {
+            Some((set, at)) => encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label,
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &set,
+                    beginning_of_pass_write_index: Some(at),
+                    end_of_pass_write_index: Some(at + 1),
+                }),
+            }),
+            None => encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label,
+                timestamp_writes: None,
+            }),
+        }
+    }
+
+    /// Runs `f` (which submits GPU work through this context) after the queue is idle, waits
+    /// for its work and says how long the work took: with device timestamps from the first
+    /// compute pass to the end of the last where the adapter has them and `f` recorded at most
+    /// 1,024 passes, else on the wall clock around `f` and the queue sync.
+    ///
+    /// # Errors
+    /// What `f` returns, and [`Error::Gpu`] when waiting or reading the timestamps fails.
+    pub fn timed<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(T, Timing)> {
+        self.wait()?;
+        if self.caps().timestamps {
+            let set = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("kvattn timing"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2 * MAX_TIMED_PASSES,
+            });
+            *self.lock_clock() = Some(Recorder { set, next: 0 });
+        }
+        let start = Instant::now();
+        let value = f();
+        let waited = self.wait();
+        let wall = start.elapsed().as_secs_f64();
+        let recorder = self.lock_clock().take();
+        let value = value?;
+        waited?;
+        let wall_clock = Timing {
+            seconds: wall,
+            timestamps: false,
+            passes: 0,
+        };
+        let Some(recorder) = recorder else {
+            return Ok((value, wall_clock));
+        };
+        let queries = recorder.next;
+        if queries == 0 || queries > 2 * MAX_TIMED_PASSES {
+            return Ok((value, wall_clock));
+        }
+        let span = self.timestamp_span(&recorder.set, queries)?;
+        Ok((
+            value,
+            Timing {
+                seconds: span,
+                timestamps: true,
+                passes: queries / 2,
+            },
+        ))
+    }
+
+    fn lock_clock(&self) -> std::sync::MutexGuard<'_, Option<Recorder>> {
+        self.clock
+            .recorder
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Seconds from the earliest to the latest of the first `queries` timestamps of `set`.
+    fn timestamp_span(&self, set: &wgpu::QuerySet, queries: u32) -> Result<f64> {
+        let bytes = u64::from(queries) * wgpu::QUERY_SIZE as u64;
+        let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kvattn timestamps"),
+            size: bytes,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        self.scoped("resolving timestamps", || {
+            let mut encoder = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+            encoder.resolve_query_set(set, 0..queries, &resolve, 0);
+            self.queue.submit([encoder.finish()]);
+        })?;
+        let words: Vec<u32> = self.read_back(&resolve, 2 * queries as usize)?;
+        let ticks: Vec<u64> = words
+            .chunks_exact(2)
+            .map(|w| u64::from(w[0]) | (u64::from(w[1]) << 32))
+            .collect();
+        let first = ticks.iter().step_by(2).copied().min().unwrap_or(0);
+        let last = ticks.iter().skip(1).step_by(2).copied().max().unwrap_or(0);
+        if last < first {
+            return Err(Error::Gpu(format!(
+                "timestamps run backwards ({first} to {last})"
+            )));
+        }
+        let period_ns = f64::from(self.queue.get_timestamp_period());
+        Ok((last - first) as f64 * period_ns * 1e-9)
+    }
+}
