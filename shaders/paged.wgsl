@@ -31,41 +31,7 @@
 // once. Int4 (a scale per group of 32) is
 // decoded in full.
 
-struct PagedParams {
-    num_q_heads: u32,
-    num_kv_heads: u32,
-    block_size: u32,
-    // First global block id held by the bound pool buffer.
-    first_block: u32,
-    scale: f32,
-    // 0 = no softcap.
-    softcap: f32,
-    // 0 = no sliding window.
-    window: u32,
-    // bit 0: causal, bit 1: ALiBi.
-    flags: u32,
-    // Word offsets into `plan`.
-    items_at: u32,
-    seqs_at: u32,
-    slopes_at: u32,
-    // Work items of this dispatch: plan[list_at .. list_at + list_len] are item ids.
-    list_at: u32,
-    list_len: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
 override WG: u32 = 64u;
-// Query heads per KV head.
-override GROUP: u32 = 1u;
-// Rows per tile (<= MAX_TILE, and ACC_COLS * ACC_ROWS <= MAX_ACC).
-override TILE: u32 = 1u;
-// MLA: RoPE dims of a key, read from the V pool (0: ordinary K/V).
-override ROPE_DIM: u32 = 0u;
-// Dims of an output row (V_DIM, or K_DIM for MLA). A query row has K_DIM + ROPE_DIM.
-override OUT_DIM: u32 = 128u;
-
 const MAX_TILE: u32 = 16u;
 const MAX_ACC: u32 = 8u;
 // Output accumulators: OUT_DIM / 4 columns (vec4) over the workgroup. With at most WG columns,
@@ -74,26 +40,6 @@ const MAX_ACC: u32 = 8u;
 override ACC_COLS: u32 = (OUT_DIM / 4u + WG - 1u) / WG;
 override LANES: u32 = max(1u, WG / (OUT_DIM / 4u));
 override ACC_ROWS: u32 = (TILE + LANES - 1u) / LANES;
-const FLAG_CAUSAL: u32 = 1u;
-const FLAG_ALIBI: u32 = 2u;
-// Words per work item and per sequence record in `plan`.
-const ITEM_WORDS: u32 = 8u;
-const SEQ_WORDS: u32 = 4u;
-
-@group(0) @binding(0) var<uniform> params: PagedParams;
-// [total_q, Hq, (K_DIM + ROPE_DIM) / 4]
-@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_pool: array<u32>;
-@group(0) @binding(3) var<storage, read> v_pool: array<u32>;
-// Work items (seq, first row, rows, key start, key end, 3 unused), sequences (first query
-// token, len_q, len_k, block table offset), ALiBi slopes (f32 bits), block tables, item lists.
-@group(0) @binding(4) var<storage, read> plan: array<u32>;
-// Partial states: [item, kv head, TILE, OUT_DIM / 4] and [item, kv head, TILE].
-@group(0) @binding(5) var<storage, read_write> o_part: array<vec4<f32>>;
-@group(0) @binding(6) var<storage, read_write> lse_part: array<f32>;
-@group(0) @binding(7) var<uniform> k_tensor: TensorScale;
-@group(0) @binding(8) var<uniform> v_tensor: TensorScale;
-
 var<workgroup> q_tile: array<real4, TILE * (K_DIM + ROPE_DIM) / 4u>;
 var<workgroup> scores: array<f32, TILE * WG>;
 var<workgroup> row_max: array<f32, MAX_TILE>;
@@ -121,34 +67,6 @@ fn acc_lane(tid: u32) -> u32 {
         return tid / (OUT_DIM / 4u);
     }
     return 0u;
-}
-
-fn kv_word(which: u32, i: u32) -> u32 {
-    if which == 0u {
-        return k_pool[i];
-    }
-    return v_pool[i];
-}
-
-fn kv_tensor_scale(which: u32) -> f32 {
-    if which == 0u {
-        return k_tensor.scale;
-    }
-    return v_tensor.scale;
-}
-
-// The pool the values come from: V, or K (the latent) for MLA.
-fn value_pool() -> u32 {
-    if ROPE_DIM > 0u {
-        return 0u;
-    }
-    return 1u;
-}
-
-// The per-tensor scale of the values (1 unless they have one), applied to the output once.
-fn value_tensor_scale() -> f32 {
-    let w = value_pool();
-    return select(1.0, kv_tensor_scale(w), kv_per_tensor_of(w));
 }
 
 // The kernel body; the entry point `main` and the row reductions `rows_update_max` /

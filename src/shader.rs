@@ -5,6 +5,7 @@
 //! for the f16 path), the library pieces the kernel needs, then the kernel itself. Everything
 //! else is specialized with WGSL `override` constants when the pipeline is created.
 
+use crate::attention::paged_lanes::LanesShape;
 use crate::gpu::WgslStruct;
 
 /// Precision prelude of the portable variants.
@@ -21,6 +22,8 @@ const LIB_KV_STORE: &str = include_str!("../shaders/lib/kv_store.wgsl");
 const LIB_ROWS_PORTABLE: &str = include_str!("../shaders/lib/rows_portable.wgsl");
 /// The same with subgroup operations (needs `SUBGROUP`).
 const LIB_ROWS_SUBGROUP: &str = include_str!("../shaders/lib/rows_subgroup.wgsl");
+/// The paged attention kernels' parameters, bindings and pool accessors.
+const LIB_PAGED_IO: &str = include_str!("../shaders/lib/paged_io.wgsl");
 /// Shared constants and online-softmax helpers.
 const LIB_SOFTMAX: &str = include_str!("../shaders/lib/softmax.wgsl");
 
@@ -49,6 +52,9 @@ pub enum Kernel {
     /// Attention over a paged (or contiguous) KV cache, decode and prefill
     /// (`shaders/paged.wgsl`).
     Paged,
+    /// The same attention for CPU-backed adapters, one (work item, KV head) per invocation
+    /// (`shaders/paged_lanes.wgsl`).
+    PagedLanes,
     /// Merge of split-K partial states (`shaders/merge.wgsl`).
     Merge,
     /// Merge of two attention states, for cascade attention (`shaders/merge_states.wgsl`).
@@ -89,8 +95,9 @@ fn layout_of<T: WgslStruct>() -> StructLayout {
 
 impl Kernel {
     /// Every kernel family.
-    pub const ALL: [Kernel; 15] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::Paged,
+        Kernel::PagedLanes,
         Kernel::Merge,
         Kernel::MergeStates,
         Kernel::Dequant,
@@ -111,6 +118,7 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Paged => "paged",
+            Kernel::PagedLanes => "paged_lanes",
             Kernel::Merge => "merge",
             Kernel::MergeStates => "merge_states",
             Kernel::Dequant => "dequant",
@@ -130,6 +138,8 @@ impl Kernel {
 
     fn body(self) -> &'static str {
         match self {
+            // Written out per shape by ShaderVariant::source; the template alone.
+            Kernel::PagedLanes => include_str!("../shaders/paged_lanes.wgsl"),
             Kernel::Paged => include_str!("../shaders/paged.wgsl"),
             Kernel::Merge => include_str!("../shaders/merge.wgsl"),
             Kernel::MergeStates => include_str!("../shaders/merge_states.wgsl"),
@@ -150,7 +160,9 @@ impl Kernel {
 
     fn libs(self) -> &'static [&'static str] {
         match self {
-            Kernel::Paged => &[LIB_KV_FORMAT, LIB_KV_LOAD, LIB_SOFTMAX],
+            Kernel::Paged | Kernel::PagedLanes => {
+                &[LIB_KV_FORMAT, LIB_KV_LOAD, LIB_SOFTMAX, LIB_PAGED_IO]
+            }
             Kernel::Merge | Kernel::MergeStates => &[LIB_SOFTMAX],
             Kernel::Dequant => &[LIB_KV_FORMAT, LIB_KV_LOAD],
             Kernel::AppendKv => &[LIB_KV_FORMAT, LIB_KV_STORE],
@@ -170,7 +182,9 @@ impl Kernel {
     /// The precisions this kernel is built in.
     pub fn precisions(self) -> &'static [Precision] {
         match self {
-            Kernel::Paged | Kernel::FmaRate => &[Precision::F32, Precision::F16],
+            Kernel::Paged | Kernel::PagedLanes | Kernel::FmaRate => {
+                &[Precision::F32, Precision::F16]
+            }
             Kernel::Merge
             | Kernel::MergeStates
             | Kernel::Dequant
@@ -190,7 +204,7 @@ impl Kernel {
     /// The host mirrors of the kernel's WGSL structs (checked against naga's layout).
     pub fn param_structs(self) -> Vec<StructLayout> {
         match self {
-            Kernel::Paged => vec![
+            Kernel::Paged | Kernel::PagedLanes => vec![
                 layout_of::<crate::attention::paged::PagedParams>(),
                 layout_of::<crate::cache::pool::TensorScale>(),
             ],
@@ -227,6 +241,7 @@ impl Kernel {
     pub fn representative_constants(self, precision: Precision) -> Vec<Vec<(&'static str, f64)>> {
         match self {
             Kernel::Paged => crate::attention::paged::representative_constants(precision),
+            Kernel::PagedLanes => Vec::new(),
             Kernel::Merge => crate::attention::merge::representative_constants(),
             Kernel::MergeStates => crate::attention::merge_states::representative_constants(),
             Kernel::Dequant => crate::quant::dequant::representative_constants(),
@@ -255,6 +270,8 @@ pub struct ShaderVariant {
     /// Reductions with subgroup operations (needs `SUBGROUP`; kernels with
     /// [`Kernel::has_subgroup_variant`] only).
     pub subgroups: bool,
+    /// The shape the lanes attention kernel is written out for ([`Kernel::PagedLanes`] only).
+    pub lanes: Option<LanesShape>,
 }
 
 impl ShaderVariant {
@@ -264,13 +281,41 @@ impl ShaderVariant {
             kernel,
             precision,
             subgroups: false,
+            lanes: None,
+        }
+    }
+
+    /// The lanes attention kernel written out for `shape`.
+    pub fn lanes(precision: Precision, shape: LanesShape) -> Self {
+        Self {
+            lanes: Some(shape),
+            ..Self::new(Kernel::PagedLanes, precision)
+        }
+    }
+
+    /// Override-constant sets the naga tests specialize this variant with: the kernel's, or
+    /// for a written-out lanes kernel the one set of its shape.
+    pub fn representative_constants(&self) -> Vec<Vec<(&'static str, f64)>> {
+        match self.lanes {
+            Some(shape) => crate::attention::paged::lanes_constants_for(shape, self.precision)
+                .into_iter()
+                .collect(),
+            None => self.kernel.representative_constants(self.precision),
         }
     }
 
     /// `kernel/precision[+subgroups]`, e.g. `paged/f16+subgroups`.
     pub fn name(&self) -> String {
         let sg = if self.subgroups { "+subgroups" } else { "" };
-        format!("{}/{}{sg}", self.kernel.name(), self.precision.name())
+        let lanes = self
+            .lanes
+            .map(|l| format!("[{}]", l.name()))
+            .unwrap_or_default();
+        format!(
+            "{}/{}{sg}{lanes}",
+            self.kernel.name(),
+            self.precision.name()
+        )
     }
 
     /// The composed WGSL source.
@@ -285,7 +330,10 @@ impl ShaderVariant {
             src.push_str(lib);
         }
         src.push('\n');
-        src.push_str(self.kernel.body());
+        match self.lanes {
+            Some(shape) => src.push_str(&shape.body()),
+            None => src.push_str(self.kernel.body()),
+        }
         if self.kernel.has_subgroup_variant() {
             // After the kernel: naga 30 mis-handles an override used in `@workgroup_size`
             // before its declaration.
@@ -323,10 +371,21 @@ pub fn all_variants() -> Vec<ShaderVariant> {
                 } else {
                     &[false]
                 };
-                sg.iter().map(move |&subgroups| ShaderVariant {
-                    kernel,
-                    precision,
-                    subgroups,
+                sg.iter().flat_map(move |&subgroups| {
+                    let lanes: Vec<Option<LanesShape>> = if kernel == Kernel::PagedLanes {
+                        crate::attention::paged::lanes_representative_shapes(precision)
+                            .into_iter()
+                            .map(Some)
+                            .collect()
+                    } else {
+                        vec![None]
+                    };
+                    lanes.into_iter().map(move |lanes| ShaderVariant {
+                        kernel,
+                        precision,
+                        subgroups,
+                        lanes,
+                    })
                 })
             })
         })

@@ -7,6 +7,11 @@ use std::process::{Command, Output};
 
 fn kvattn(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kvattn"))
+        // The workgroup attention kernel unless the caller picks one (see tests/common).
+        .env(
+            "KVATTN_ATTENTION_KERNEL",
+            std::env::var("KVATTN_ATTENTION_KERNEL").unwrap_or_else(|_| "workgroup".into()),
+        )
         .arg("capacity")
         .args(args)
         .output()

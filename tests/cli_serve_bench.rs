@@ -27,6 +27,11 @@ const KEYS: [&str; 11] = [
 
 fn kvattn(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kvattn"))
+        // The workgroup attention kernel unless the caller picks one (see tests/common).
+        .env(
+            "KVATTN_ATTENTION_KERNEL",
+            std::env::var("KVATTN_ATTENTION_KERNEL").unwrap_or_else(|_| "workgroup".into()),
+        )
         .arg("serve-bench")
         .args(args)
         .output()

@@ -21,6 +21,9 @@ fn capabilities(variant: &ShaderVariant) -> Capabilities {
     {
         caps |= Capabilities::SUBGROUP;
     }
+    if variant.lanes.is_some_and(|l| l.f16_convert) {
+        caps |= Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+    }
     caps
 }
 
@@ -111,7 +114,7 @@ fn every_variant_validates_specializes_fits_and_translates() {
     for variant in &variants {
         let (module, info) =
             parse_and_validate(variant, capabilities(variant)).unwrap_or_else(|e| panic!("{e}"));
-        let sets = variant.kernel.representative_constants(variant.precision);
+        let sets = variant.representative_constants();
         assert!(
             !sets.is_empty(),
             "{}: no representative constants",

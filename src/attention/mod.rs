@@ -3,6 +3,7 @@ pub mod decode;
 pub mod merge;
 pub mod merge_states;
 pub mod paged;
+pub mod paged_lanes;
 pub mod spec;
 
 pub use spec::{AttentionOptions, AttentionShape, RaggedBatch};

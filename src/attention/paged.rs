@@ -20,7 +20,7 @@ use crate::attention::merge::{merge, MergeArgs, MergeParams};
 use crate::cache::allocator::SeqId;
 use crate::cache::paged::PagedKvCache;
 use crate::cache::pool::PoolLayout;
-use crate::gpu::Context;
+use crate::gpu::{AttentionKernel, Context};
 use crate::pipeline::PipelineKey;
 use crate::quant::KvDtype;
 use crate::reference::AttentionOutput;
@@ -31,6 +31,13 @@ use crate::{Error, Result};
 pub const SPLIT_TOKENS: usize = 512;
 /// Invocations per workgroup.
 const WG: u32 = 64;
+/// Invocations per workgroup of the lanes kernel (one SIMD group of a CPU adapter: 256-bit
+/// vectors of f32).
+const LANE_WG: u32 = 8;
+use super::paged_lanes::{
+    columns_per_word4, LanesShape, L_MAX_DIM as LANES_MAX_DIM, L_MAX_ROPE,
+    L_MAX_TILE as LANES_MAX_TILE,
+};
 /// Largest tile of rows (the WGSL `MAX_TILE`).
 const MAX_TILE: usize = 16;
 /// Output vec4s each invocation accumulates (the WGSL `MAX_ACC`).
@@ -218,6 +225,107 @@ pub fn representative_constants(precision: Precision) -> Vec<Vec<(&'static str, 
     sets
 }
 
+/// Shapes and override constants the naga tests validate for the lanes kernel: the workgroup
+/// kernel's sets whose head dims it takes, with its own tile sizes, read wide and not.
+fn lanes_representative(precision: Precision) -> Vec<(LanesShape, Vec<(&'static str, f64)>)> {
+    let dtype = |code: f64| {
+        KvDtype::ALL
+            .into_iter()
+            .find(|d| f64::from(d.code()) == code)
+            .unwrap_or(KvDtype::F32)
+    };
+    representative_constants(precision)
+        .into_iter()
+        .filter(|set| {
+            let get = |name| set.iter().find(|(n, _)| *n == name).map_or(0.0, |c| c.1);
+            get("K_DIM") + get("ROPE_DIM") <= LANES_MAX_DIM as f64
+                && get("OUT_DIM") <= LANES_MAX_DIM as f64
+                && get("ROPE_DIM") <= L_MAX_ROPE as f64
+        })
+        .enumerate()
+        .map(|(i, set)| {
+            let get = |name| set.iter().find(|(n, _)| *n == name).map_or(0.0, |c| c.1);
+            let rope = get("ROPE_DIM") as u16 / 4;
+            let cols = (get("K_DIM") + get("ROPE_DIM")).max(get("OUT_DIM")) as usize / 4;
+            let tile = (LANES_MAX_VALUES / 4 / cols).clamp(1, LANES_MAX_TILE);
+            let shape = LanesShape {
+                tile: (get("GROUP") as u16).min(tile as u16),
+                k_cols: get("K_DIM") as u16 / 4,
+                rope_cols: rope,
+                out_cols: get("OUT_DIM") as u16 / 4,
+                k_qpw: columns_per_word4(dtype(get("K_DTYPE"))),
+                v_qpw: columns_per_word4(dtype(if rope > 0 {
+                    get("K_DTYPE")
+                } else {
+                    get("V_DTYPE")
+                })),
+                wide: i % 2 == 0,
+                f16_convert: i % 4 == 0,
+            };
+            (shape, lanes_constants(set, usize::from(shape.tile)))
+        })
+        .collect()
+}
+
+/// The lanes kernel shapes the naga tests build.
+pub fn lanes_representative_shapes(precision: Precision) -> Vec<LanesShape> {
+    lanes_representative(precision)
+        .into_iter()
+        .map(|(shape, _)| shape)
+        .collect()
+}
+
+/// The override constants the naga tests use with the lanes kernel written out for `shape`.
+pub fn lanes_constants_for(
+    shape: LanesShape,
+    precision: Precision,
+) -> Option<Vec<(&'static str, f64)>> {
+    lanes_representative(precision)
+        .into_iter()
+        .find(|(s, _)| *s == shape)
+        .map(|(_, set)| set)
+}
+
+/// The lanes kernel's constants from the workgroup kernel's: its own workgroup size and tile.
+fn lanes_constants(set: Vec<(&'static str, f64)>, tile: usize) -> Vec<(&'static str, f64)> {
+    set.into_iter()
+        .map(|(name, value)| match name {
+            "WG" => ("LANE_WG", f64::from(LANE_WG)),
+            "TILE" => ("TILE", tile as f64),
+            _ => (name, value),
+        })
+        .collect()
+}
+
+/// Rows per tile of the lanes kernel: at most 8, and at most 512 query or output values per
+/// row set (tile x vec4 columns <= 128), which keeps the written-out kernel small enough for a
+/// CPU adapter's compiler (lavapipe: about 0.5 s at 4 rows of 128 dims, 27 s at 8 rows, 106 s
+/// at 8 rows of 256).
+fn lanes_tile(shape: &AttentionShape) -> usize {
+    let cols = shape.head_dim_qk.max(shape.head_dim_v).div_ceil(4);
+    (LANES_MAX_VALUES / 4 / cols).clamp(1, LANES_MAX_TILE)
+}
+
+/// Query (or output) values a lanes-kernel tile holds at most.
+const LANES_MAX_VALUES: usize = 512;
+
+/// Whether every row of pools `k` and `v` starts on a 16-byte boundary, so the lanes kernel can
+/// read rows as vec4<u32> (their blocks, rows and scale sections are whole multiples of four
+/// words).
+fn rows_aligned(k: &PoolLayout, v: &PoolLayout) -> bool {
+    [k, v]
+        .iter()
+        .all(|l| l.words_per_row() % 4 == 0 && l.block_words() % 4 == 0)
+}
+
+/// Whether the lanes kernel takes this geometry: query and output rows of at most 256 values
+/// (an MLA key's RoPE part at most 64).
+fn lanes_fit(shape: &AttentionShape, geometry: &KvGeometry) -> bool {
+    shape.head_dim_qk <= LANES_MAX_DIM
+        && shape.head_dim_v <= LANES_MAX_DIM
+        && (!geometry.mla || geometry.v.head_dim <= L_MAX_ROPE)
+}
+
 /// Storage formats the attention kernels read: every [`KvDtype`].
 pub const SUPPORTED: [KvDtype; 7] = KvDtype::ALL;
 
@@ -279,6 +387,10 @@ pub struct PagedAttentionPlan {
     precision: Precision,
     /// Rows per tile (the WGSL `TILE`).
     tile: usize,
+    /// The kernel the plan runs.
+    kernel: AttentionKernel,
+    /// The device converts f16 in shaders (`SHADER_F16_IN_F32`).
+    f16_in_f32: bool,
     /// Subgroup reductions, chosen at plan time when the device has `SUBGROUP`.
     subgroups: bool,
     geometry: KvGeometry,
@@ -422,7 +534,15 @@ impl PagedAttentionPlan {
         // GQA group). A sequence's tile boundaries stay those of the full tile: one that fits
         // the smaller tile would fit one full tile too, and a larger one means the full tile.
         let max_rows = seqs.iter().map(|s| s.len_q * group).max().unwrap_or(1);
-        let tile = tile_rows(&shape, args.precision).min(max_rows).max(1);
+        let kernel = match ctx.caps().attention_kernel {
+            AttentionKernel::Lanes if lanes_fit(&shape, geometry) => AttentionKernel::Lanes,
+            _ => AttentionKernel::Workgroup,
+        };
+        let full_tile = match kernel {
+            AttentionKernel::Workgroup => tile_rows(&shape, args.precision),
+            AttentionKernel::Lanes => lanes_tile(&shape),
+        };
+        let tile = full_tile.min(max_rows).max(1);
         let window = opts.sliding_window.filter(|_| opts.causal);
         let bpb = geometry.blocks_per_buffer;
 
@@ -526,13 +646,18 @@ impl PagedAttentionPlan {
             meta.extend(&s.table);
         }
         let max_x = ctx.caps().max_compute_workgroups_per_dimension as usize;
+        // Items per dispatch: a workgroup each, or a KV head's invocation each.
+        let per_dispatch = match kernel {
+            AttentionKernel::Workgroup => max_x,
+            AttentionKernel::Lanes => (max_x * LANE_WG as usize / shape.num_kv_heads).max(1),
+        };
         let mut dispatches = Vec::new();
         for buffer in 0..geometry.num_buffers {
             let ids: Vec<u32> = (0..items.len())
                 .filter(|&i| item_buffer[i] == buffer)
                 .map(|i| i as u32)
                 .collect();
-            for chunk in ids.chunks(max_x) {
+            for chunk in ids.chunks(per_dispatch) {
                 dispatches.push((buffer, meta.len(), chunk.len()));
                 meta.extend(chunk);
             }
@@ -583,6 +708,8 @@ impl PagedAttentionPlan {
             shape,
             precision: args.precision,
             tile,
+            kernel,
+            f16_in_f32: ctx.caps().f16_in_f32,
             subgroups: ctx.caps().subgroups,
             geometry: *geometry,
             total_q,
@@ -602,6 +729,12 @@ impl PagedAttentionPlan {
         self.total_q
     }
 
+    /// The kernel the plan runs (the context's choice, or the workgroup kernel for head dims
+    /// the lanes kernel does not take).
+    pub fn kernel(&self) -> AttentionKernel {
+        self.kernel
+    }
+
     /// Work items (partial states per KV head) the plan cut.
     pub fn num_items(&self) -> usize {
         self.num_items
@@ -613,25 +746,45 @@ impl PagedAttentionPlan {
         } else {
             self.precision
         };
-        let constants = match kernel {
-            Kernel::Merge => crate::attention::merge::constants(&self.shape, self.tile),
-            _ => constants(
+        let attention = || {
+            constants(
                 &self.shape,
                 self.tile,
                 &self.geometry.k,
                 &self.geometry.v,
                 self.geometry.mla,
-            ),
+            )
+        };
+        let constants = match kernel {
+            Kernel::Merge => crate::attention::merge::constants(&self.shape, self.tile),
+            Kernel::PagedLanes => lanes_constants(attention(), self.tile),
+            _ => attention(),
         };
         let subgroups = self.subgroups && kernel.has_subgroup_variant();
-        PipelineKey::new(
-            ShaderVariant {
-                kernel,
-                precision,
+        let variant = match kernel {
+            Kernel::PagedLanes => ShaderVariant::lanes(precision, self.lanes_shape()),
+            _ => ShaderVariant {
                 subgroups,
+                ..ShaderVariant::new(kernel, precision)
             },
-            &constants,
-        )
+        };
+        PipelineKey::new(variant, &constants)
+    }
+
+    /// What the lanes kernel is written out for in this plan.
+    fn lanes_shape(&self) -> LanesShape {
+        let (k, v) = (&self.geometry.k, &self.geometry.v);
+        let mla = self.geometry.mla;
+        LanesShape {
+            tile: self.tile as u16,
+            k_cols: (k.head_dim / 4) as u16,
+            rope_cols: if mla { (v.head_dim / 4) as u16 } else { 0 },
+            out_cols: (self.shape.head_dim_v / 4) as u16,
+            k_qpw: columns_per_word4(k.dtype),
+            v_qpw: columns_per_word4(if mla { k.dtype } else { v.dtype }),
+            wide: rows_aligned(k, v),
+            f16_convert: self.f16_in_f32,
+        }
     }
 
     /// Runs the batch on one layer's pools: `pools[b]` is the (K, V) buffer pair `b`, `scales`
@@ -685,26 +838,35 @@ impl PagedAttentionPlan {
         scales: (&wgpu::Buffer, &wgpu::Buffer),
         q: &wgpu::Buffer,
     ) -> Result<()> {
-        let pipeline = ctx.pipeline(&self.pipeline_key(Kernel::Paged))?;
+        let (kernel, per_item) = match self.kernel {
+            AttentionKernel::Workgroup => (Kernel::Paged, None),
+            AttentionKernel::Lanes => (Kernel::PagedLanes, Some(self.shape.num_kv_heads)),
+        };
+        let pipeline = ctx.pipeline(&self.pipeline_key(kernel))?;
         for (b, list_len, uniform) in &self.dispatches {
             if *b != buffer {
                 continue;
             }
-            ctx.dispatch(
-                &pipeline,
-                &[
-                    uniform,
-                    q,
-                    pools.0,
-                    pools.1,
-                    &self.meta,
-                    &self.o_part,
-                    &self.lse_part,
-                    scales.0,
-                    scales.1,
-                ],
-                [*list_len as u32, self.shape.num_kv_heads as u32, 1],
-            )?;
+            let grid = match per_item {
+                None => [*list_len as u32, self.shape.num_kv_heads as u32, 1],
+                Some(heads) => [(*list_len * heads).div_ceil(LANE_WG as usize) as u32, 1, 1],
+            };
+            let mut buffers = vec![
+                uniform,
+                q,
+                pools.0,
+                pools.1,
+                &self.meta,
+                &self.o_part,
+                &self.lse_part,
+                scales.0,
+                scales.1,
+            ];
+            if per_item.is_some() && self.lanes_shape().wide {
+                // The lanes kernel's vec4 views of the same pools.
+                buffers.extend([pools.0, pools.1]);
+            }
+            ctx.dispatch(&pipeline, &buffers, grid)?;
         }
         Ok(())
     }

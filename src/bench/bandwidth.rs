@@ -8,7 +8,7 @@ use crate::{Error, Result};
 crate::wgsl_struct! {
     /// Mirror of the WGSL `BandwidthParams` uniform.
     pub struct BandwidthParams {
-        /// vec4<u32> values to copy.
+        /// `vec4<u32>` values to copy.
         pub n: u32,
         /// Invocations in the dispatch.
         pub stride: u32,

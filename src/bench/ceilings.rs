@@ -111,7 +111,8 @@ pub fn measure_ceilings(ctx: &Context, opts: &CeilingOptions) -> Result<Ceilings
         || opts.fma_workgroups.is_empty()
         || opts.repeats == 0
         || opts.pairs == 0
-        || !(opts.fma_seconds > 0.0)
+        || opts.fma_seconds.is_nan()
+        || opts.fma_seconds <= 0.0
     {
         return Err(Error::InvalidArgument(
             "ceiling options need workgroup counts, repeats, pairs and a positive FMA time".into(),

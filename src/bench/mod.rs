@@ -2,6 +2,7 @@
 //! `kvattn bench` and the criterion benches time, and the roofline they are judged by (DESIGN.md
 //! section 10).
 pub mod bandwidth;
+pub mod cases;
 pub mod ceilings;
 pub mod fma_rate;
 

@@ -22,6 +22,47 @@ pub struct ContextOptions {
     /// so that pools split across several buffers). Other buffers are checked against the
     /// device's own limit. `None` uses the adapter's limit.
     pub max_storage_binding_cap: Option<u64>,
+    /// Which attention kernel to run; `None` means `KVATTN_ATTENTION_KERNEL` (`workgroup` or
+    /// `lanes`), else [`AttentionKernel::Lanes`] on CPU-backed adapters and
+    /// [`AttentionKernel::Workgroup`] on GPUs.
+    pub attention_kernel: Option<AttentionKernel>,
+}
+
+/// The two implementations of paged attention: the same plan, partial states and merge, and
+/// results equal up to f32 summation order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttentionKernel {
+    /// `paged.wgsl`: a workgroup per (work item, KV head); the tile's queries in workgroup
+    /// memory, one key per invocation, values spread over the invocations. For GPUs.
+    Workgroup,
+    /// `paged_lanes.wgsl`: an invocation per (work item, KV head), everything in private
+    /// memory, no barriers. For CPU-backed adapters (lavapipe, llvmpipe, WARP, SwiftShader),
+    /// which execute memory accesses lane by lane; head dims up to 256 (larger ones, and MLA's
+    /// latent, run the workgroup kernel).
+    Lanes,
+}
+
+impl AttentionKernel {
+    /// `workgroup` or `lanes`.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionKernel::Workgroup => "workgroup",
+            AttentionKernel::Lanes => "lanes",
+        }
+    }
+}
+
+impl std::str::FromStr for AttentionKernel {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "workgroup" => Ok(AttentionKernel::Workgroup),
+            "lanes" => Ok(AttentionKernel::Lanes),
+            other => Err(Error::InvalidArgument(format!(
+                "unknown attention kernel {other:?} (workgroup or lanes)"
+            ))),
+        }
+    }
 }
 
 /// The adapter a [`Context`] runs on.
@@ -64,6 +105,11 @@ pub struct Capabilities {
     pub max_compute_workgroup_storage_size: u32,
     /// Invocations per workgroup.
     pub max_compute_invocations_per_workgroup: u32,
+    /// The attention kernel plans use (see [`ContextOptions::attention_kernel`]).
+    pub attention_kernel: AttentionKernel,
+    /// Shaders may use `unpack2x16float` and friends
+    /// ([`wgpu::DownlevelFlags::SHADER_F16_IN_F32`]).
+    pub f16_in_f32: bool,
     /// Workgroups per dispatch dimension.
     pub max_compute_workgroups_per_dimension: u32,
 }
@@ -232,6 +278,14 @@ impl Context {
                 message: e.to_string(),
             })?;
         let subgroups = features.contains(wgpu::Features::SUBGROUP);
+        let attention_kernel = match opts.attention_kernel {
+            Some(kernel) => kernel,
+            None => match std::env::var("KVATTN_ATTENTION_KERNEL") {
+                Ok(name) => name.parse()?,
+                Err(_) if info.device_type == wgpu::DeviceType::Cpu => AttentionKernel::Lanes,
+                Err(_) => AttentionKernel::Workgroup,
+            },
+        };
         let binding = limits.max_storage_buffer_binding_size;
         let caps = Capabilities {
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
@@ -247,6 +301,11 @@ impl Context {
             max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
+            attention_kernel,
+            f16_in_f32: adapter
+                .get_downlevel_capabilities()
+                .flags
+                .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32),
         };
         Ok(Self {
             device,

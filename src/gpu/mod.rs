@@ -6,6 +6,6 @@ mod timing;
 
 pub(crate) use buffer::check_storage;
 pub use buffer::STORAGE;
-pub use context::{AdapterSummary, Capabilities, Context, ContextOptions};
+pub use context::{AdapterSummary, AttentionKernel, Capabilities, Context, ContextOptions};
 pub use layout::WgslStruct;
 pub use timing::Timing;

@@ -11,8 +11,11 @@ use kvattn::gpu::Context;
 pub fn gpu() -> &'static Context {
     static CTX: OnceLock<Context> = OnceLock::new();
     CTX.get_or_init(|| {
-        let ctx = Context::new()
-            .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"));
+        let ctx = Context::with_options(&kvattn::gpu::ContextOptions {
+            attention_kernel: test_attention_kernel(),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"));
         eprintln!(
             "kvattn tests on adapter: {} ({}, {}), features [{}]",
             ctx.adapter().name,
@@ -81,6 +84,22 @@ pub fn output_scale(x: &[f32]) -> f64 {
     x.iter().map(|v| f64::from(v.abs())).fold(1.0, f64::max)
 }
 
+/// The attention kernel of the shared test contexts: `KVATTN_ATTENTION_KERNEL` when set, else
+/// the workgroup kernel. The lanes kernel (the default on CPU adapters) is written out per
+/// shape and takes lavapipe's compiler seconds per shape, too long for every point of the
+/// grids on two cores; tests/gpu/paged_attention.rs and tests/gpu/mla.rs check it on shapes,
+/// formats and options of their own. `KVATTN_ATTENTION_KERNEL=lanes cargo test` runs the whole
+/// suite on it.
+pub fn test_attention_kernel() -> Option<kvattn::gpu::AttentionKernel> {
+    match std::env::var("KVATTN_ATTENTION_KERNEL") {
+        Ok(name) => Some(
+            name.parse()
+                .expect("KVATTN_ATTENTION_KERNEL: workgroup or lanes"),
+        ),
+        Err(_) => Some(kvattn::gpu::AttentionKernel::Workgroup),
+    }
+}
+
 /// A second context on the same adapter whose storage bindings are capped at 64 KiB, so every
 /// pool splits over several buffers and the split path runs in every test that uses it.
 pub fn gpu_capped() -> &'static Context {
@@ -88,6 +107,7 @@ pub fn gpu_capped() -> &'static Context {
     CTX.get_or_init(|| {
         Context::with_options(&kvattn::gpu::ContextOptions {
             max_storage_binding_cap: Some(64 << 10),
+            attention_kernel: test_attention_kernel(),
             ..Default::default()
         })
         .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"))

@@ -5,6 +5,7 @@
 mod common;
 
 mod append_quant;
+mod bench_cases;
 mod context;
 mod decode;
 mod decoder;

@@ -5,7 +5,7 @@
 use kvattn::attention::paged::PagedQuery;
 use kvattn::cache::paged::PoolSize;
 use kvattn::cache::scales::CacheScales;
-use kvattn::gpu::Context;
+use kvattn::gpu::{AttentionKernel, Context, ContextOptions};
 use kvattn::mla::{mla_host, MlaArgs, MlaCache, MlaCacheConfig, MlaPath, MlaPlan, MlaWeights};
 use kvattn::quant::{decode_rows, per_tensor_scale, KvDtype};
 use kvattn::reference::mla::{mla, MlaBatch, MlaShape};
@@ -365,4 +365,49 @@ fn bad_input_is_refused() {
     assert!(mla_host(ctx, &cache, &other_weights, &args, &b.q_nope, &b.q_pe).is_err());
     // And the good call works.
     assert!(mla_host(ctx, &cache, &weights, &args, &b.q_nope, &b.q_pe).is_ok());
+}
+
+#[test]
+fn absorbed_path_on_the_lanes_kernel_matches_reference() {
+    // The shared test contexts run the workgroup kernel (see tests/common); CPU adapters run
+    // the lanes kernel by default, so check it here on both small shapes, a wide and a
+    // word-by-word latent, pools over several bindings.
+    let ctx = Context::with_options(&ContextOptions {
+        max_storage_binding_cap: Some(64 << 10),
+        attention_kernel: Some(AttentionKernel::Lanes),
+        ..Default::default()
+    })
+    .unwrap();
+    let shapes = [
+        MlaShape {
+            num_heads: 5,
+            d_nope: 12,
+            d_rope: 8,
+            rank: 64,
+            d_v: 20,
+        },
+        MlaShape {
+            num_heads: 3,
+            d_nope: 16,
+            d_rope: 4,
+            rank: 96,
+            d_v: 8,
+        },
+    ];
+    let lens = [(1, 1), (1, 37), (9, 40), (70, 70), (1, 130)];
+    for (n, (shape, latent)) in [(shapes[0], KvDtype::Int4), (shapes[1], KvDtype::F16)]
+        .into_iter()
+        .enumerate()
+    {
+        let b = HostMla::new(shape, &lens, 300 + n as u64);
+        let cache = b.cache(&ctx, config(&shape, latent, 16));
+        let want = b.reference(&ctx, &cache);
+        let got = b.run(&ctx, &cache, MlaPath::Absorbed, Precision::F32, None);
+        check(
+            &format!("lanes {shape:?} {latent}"),
+            Precision::F32,
+            &got,
+            &want,
+        );
+    }
 }

@@ -10,12 +10,14 @@ use kvattn::attention::paged::{
 use kvattn::attention::{AttentionOptions, AttentionShape, RaggedBatch};
 use kvattn::cache::paged::{PagedKvCache, PagedKvConfig, PoolSize};
 use kvattn::cache::scales::CacheScales;
-use kvattn::gpu::{Context, ContextOptions};
+use kvattn::gpu::{AttentionKernel, Context, ContextOptions};
 use kvattn::quant::{decode_rows, encode_rows, per_tensor_scale, KvDtype, ScaleMode};
 use kvattn::reference;
 use kvattn::shader::Precision;
 
-use crate::common::{gpu, gpu_capped, max_abs_err, option_sets, output_scale, Rng, Worst};
+use crate::common::{
+    gpu, gpu_capped, max_abs_err, option_sets, output_scale, test_attention_kernel, Rng, Worst,
+};
 
 /// A batch on the host: per sequence its K/V rows (f32, token order) and its queries.
 struct HostBatch {
@@ -192,6 +194,7 @@ impl Storage {
 fn capped_at(bytes: u64) -> Context {
     Context::with_options(&ContextOptions {
         max_storage_binding_cap: Some(bytes),
+        attention_kernel: test_attention_kernel(),
         ..Default::default()
     })
     .unwrap()
@@ -655,6 +658,7 @@ fn subgroup_and_portable_reductions_agree() {
     let ctx = gpu();
     let portable = Context::with_options(&ContextOptions {
         disable_subgroups: true,
+        attention_kernel: test_attention_kernel(),
         ..Default::default()
     })
     .unwrap();
@@ -928,4 +932,94 @@ fn quantized_kv_matches_reference_on_dequantized_rows() {
         }
     }
     eprintln!("quantized grid: {cases} cases; worst error / output scale: {worst:?}");
+}
+
+#[test]
+fn workgroup_and_lanes_kernels_both_match_reference() {
+    // The context picks one kernel by adapter type (lanes on CPU adapters, workgroup on GPUs);
+    // both must be right everywhere. Formats read wide (f16, int8, int4) and word by word (fp8
+    // at head dim 36), GQA/MQA/MHA, d_v != d_qk, decode and a prefill chunk, split-K.
+    let shapes = [
+        (
+            8usize,
+            2usize,
+            64usize,
+            64usize,
+            Storage::uniform(KvDtype::F16),
+            16usize,
+        ),
+        (6, 1, 96, 96, Storage::uniform(KvDtype::Int8), 8),
+        (
+            16,
+            2,
+            192,
+            128,
+            Storage::per_row(KvDtype::Int4, KvDtype::Bf16),
+            32,
+        ),
+        (4, 4, 36, 36, Storage::uniform(KvDtype::Fp8E4M3), 1),
+        (32, 8, 128, 128, Storage::uniform(KvDtype::F32), 16),
+    ];
+    for kernel in [AttentionKernel::Workgroup, AttentionKernel::Lanes] {
+        let ctx = Context::with_options(&ContextOptions {
+            attention_kernel: Some(kernel),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(ctx.caps().attention_kernel, kernel);
+        for (i, &(hq, hkv, dk, dv, storage, bs)) in shapes.iter().enumerate() {
+            let shape = AttentionShape {
+                num_q_heads: hq,
+                num_kv_heads: hkv,
+                head_dim_qk: dk,
+                head_dim_v: dv,
+            };
+            let b = HostBatch::new(shape, &[(1, 1), (97, 1), (700, 1), (57, 17)], i as u64);
+            let cache = b.cache_as(&ctx, &storage, bs);
+            let batch = b.queries();
+            for precision in precisions(&ctx) {
+                let args = PagedAttentionArgs {
+                    layer: 0,
+                    batch: &batch,
+                    shape,
+                    options: &AttentionOptions::default(),
+                    precision,
+                };
+                let plan = PagedAttentionPlan::new(&ctx, &cache, &args).unwrap();
+                assert_eq!(plan.kernel(), kernel, "hd{dk} takes the chosen kernel");
+                let opts = AttentionOptions::default();
+                let got = run(&ctx, &cache, &b, &opts, precision);
+                let want = b.reference_as(&storage, &opts);
+                let w16 = (precision == Precision::F16).then(|| reference_f16(&b, &storage, &opts));
+                let name = format!(
+                    "{} hd{dk}/{dv} hq{hq} hkv{hkv} bs{bs} {} {}",
+                    kernel.name(),
+                    storage.name(),
+                    precision.name()
+                );
+                check(&name, precision, &got, &want, w16.as_ref());
+            }
+        }
+        // Every option (windows, softcap, ALiBi, sinks, non-causal) on one shape.
+        let (hq, hkv, dk, dv, storage, bs) = shapes[0];
+        let shape = AttentionShape {
+            num_q_heads: hq,
+            num_kv_heads: hkv,
+            head_dim_qk: dk,
+            head_dim_v: dv,
+        };
+        let b = HostBatch::new(shape, &[(1, 1), (30, 1), (200, 13), (700, 40)], 41);
+        let cache = b.cache_as(&ctx, &storage, bs);
+        for (name, opts) in option_sets(hq, 6) {
+            let want = b.reference_as(&storage, &opts);
+            let got = run(&ctx, &cache, &b, &opts, Precision::F32);
+            check(
+                &format!("{} {name}", kernel.name()),
+                Precision::F32,
+                &got,
+                &want,
+                None,
+            );
+        }
+    }
 }

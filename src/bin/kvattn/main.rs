@@ -1,15 +1,21 @@
 //! The `kvattn` command line: `info`, `capacity`, `run` (one kernel on a safetensors case file),
 //! `verify` (every kernel against the CPU reference; `--quality`, the quality table of the
-//! KV storage formats) and `serve-bench` (the scheduler under load, swept over concurrency).
+//! KV storage formats), `serve-bench` (the scheduler under load, swept over concurrency) and
+//! `bench` (the kernels against the adapter's ceilings).
 
+mod bench;
+mod bench_output;
+mod bench_plot;
 mod capacity;
 mod case;
+mod files;
 mod info;
 mod plot;
 mod quality;
 mod run;
 mod run_mla;
 mod serve_bench;
+mod usage;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -35,23 +41,29 @@ enum Command {
     /// Serve a synthetic workload with the continuous-batching scheduler at each concurrency:
     /// throughput, time to first token, inter-token latency, preemptions.
     ServeBench(Box<serve_bench::ServeBenchArgs>),
+    /// Time the kernels (decode, prefill, append, MLA, copy) beside the adapter's copy bandwidth
+    /// and FMA rate measured in the same run: GB/s, GFLOP/s and the fraction of the roofline.
+    Bench(Box<bench::BenchArgs>),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        // serve-bench's usage errors are one line like its other errors.
-        Err(e) if serve_bench::is_usage_error(&e) => {
-            eprintln!("kvattn: serve-bench: {}", serve_bench::usage_line(&e));
-            return std::process::ExitCode::from(2);
-        }
-        Err(e) => e.exit(),
+        // serve-bench's and bench's usage errors are one line like their other errors.
+        Err(e) => match usage::one_line_subcommand(&e) {
+            Some(name) => {
+                eprintln!("kvattn: {name}: {}", usage::usage_line(&e));
+                return std::process::ExitCode::from(2);
+            }
+            None => e.exit(),
+        },
     };
     let result = match cli.command {
         Command::Info(args) => info::run(&args),
         Command::Capacity(args) => capacity::run(&args),
         Command::Run(args) => run::run(&args),
         Command::ServeBench(args) => serve_bench::run(&args),
+        Command::Bench(args) => bench::run(&args),
         Command::Verify(args) => match verify::run(&args) {
             // verify has printed its table and which checks failed.
             Ok(false) => return std::process::ExitCode::FAILURE,

@@ -25,7 +25,7 @@ pub fn svg(points: &[Point], title: &str, kv_fit: usize) -> Result<String, Strin
 }
 
 /// The top of an axis holding `values`: 10% above the largest, 1 when there is none.
-fn top(values: impl Iterator<Item = f64>) -> f64 {
+pub fn top(values: impl Iterator<Item = f64>) -> f64 {
     let m = values.filter(|v| v.is_finite()).fold(0.0, f64::max);
     if m > 0.0 {
         m * 1.1
@@ -35,7 +35,7 @@ fn top(values: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// `2^x` as a concurrency label: an integer at integer `x`.
-fn pow2_label(x: &f64) -> String {
+pub fn pow2_label(x: &f64) -> String {
     let v = x.exp2();
     if (v - v.round()).abs() < 1e-6 {
         format!("{}", v.round())

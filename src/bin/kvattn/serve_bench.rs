@@ -12,7 +12,7 @@
 //! scheduler's queue (a failed admission) or are preempted, and that wait is in the TTFT.
 
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kvattn::cache::paged::{PagedKvCache, PoolSize};
@@ -27,6 +27,7 @@ use kvattn::shader::Precision;
 use kvattn::Result;
 
 use crate::case::invalid;
+use crate::files::{check_writable, write_all_or_none};
 use crate::plot;
 
 /// The concurrencies swept by default.
@@ -549,59 +550,6 @@ fn table(rows: &[Row]) -> String {
     out
 }
 
-/// Checks that `path` can be written later (its directory exists), before the sweep runs.
-fn check_writable(flag: &str, path: &Path) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    if !dir.is_dir() {
-        return Err(invalid(format!(
-            "{flag} {}: the directory {} does not exist",
-            path.display(),
-            dir.display()
-        )));
-    }
-    if path.is_dir() {
-        return Err(invalid(format!("{flag} {} is a directory", path.display())));
-    }
-    Ok(())
-}
-
-/// Writes every `(path, text)` or none: each goes to a temporary file beside its path first,
-/// and the temporaries are renamed only once all are written.
-fn write_all_or_none(files: &[(&Path, String)]) -> Result<()> {
-    let temp = |p: &Path| {
-        let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "out".into());
-        p.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
-    };
-    let temps: Vec<PathBuf> = files.iter().map(|(p, _)| temp(p)).collect();
-    let cleanup = |temps: &[PathBuf]| {
-        for t in temps {
-            let _ = std::fs::remove_file(t);
-        }
-    };
-    for ((path, text), tmp) in files.iter().zip(&temps) {
-        if let Err(e) = std::fs::write(tmp, text) {
-            cleanup(&temps);
-            return Err(invalid(format!("cannot write {}: {e}", path.display())));
-        }
-    }
-    for (i, ((path, _), tmp)) in files.iter().zip(&temps).enumerate() {
-        if let Err(e) = std::fs::rename(tmp, path) {
-            cleanup(&temps);
-            for (done, _) in &files[..i] {
-                let _ = std::fs::remove_file(done);
-            }
-            return Err(invalid(format!("cannot write {}: {e}", path.display())));
-        }
-    }
-    Ok(())
-}
-
 /// Runs the sweep and prints the table (or JSON); writes the CSV and SVG files last, only when
 /// every run completed every request without a failed append.
 pub fn run(args: &ServeBenchArgs) -> Result<()> {
@@ -767,23 +715,4 @@ pub fn run(args: &ServeBenchArgs) -> Result<()> {
         files.push((p.as_path(), svg));
     }
     write_all_or_none(&files)
-}
-
-/// Whether `e` is a usage error of `kvattn serve-bench` (not `--help` or `--version`).
-pub fn is_usage_error(e: &clap::Error) -> bool {
-    use clap::error::ErrorKind;
-    std::env::args().nth(1).as_deref() == Some("serve-bench")
-        && !matches!(
-            e.kind(),
-            ErrorKind::DisplayHelp
-                | ErrorKind::DisplayVersion
-                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-        )
-}
-
-/// The first line of clap's message, without its `error: ` prefix.
-pub fn usage_line(e: &clap::Error) -> String {
-    let text = e.to_string();
-    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-    line.trim().trim_start_matches("error: ").to_string()
 }

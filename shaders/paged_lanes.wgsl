@@ -1,0 +1,129 @@
+// paged_lanes: attention over a paged KV cache for CPU-backed adapters (lavapipe, llvmpipe,
+// SwiftShader, WARP), where one invocation is one SIMD lane of a CPU core.
+//
+// Such adapters run a workgroup's invocations in SIMD groups on one CPU thread and execute every
+// storage, workgroup and indexed private-array access lane by lane, while arithmetic on private
+// values is vectorized across the lanes. So this kernel gives every invocation one whole (work
+// item, KV head) of paged.wgsl's plan and keeps everything else in registers: the tile's queries
+// are read once, then the invocation streams the item's keys and values itself with an online
+// softmax, and writes the same partial (o, lse) per row as paged.wgsl (merged by merge.wgsl).
+// There is no workgroup memory and no barrier; the only memory accesses in the key loop are the
+// K/V values themselves, each key's block-table entry and its scale words. Neighbouring
+// invocations serve neighbouring KV heads of one item, so they read neighbouring rows of the
+// same blocks.
+//
+// The per-row and per-dimension loops are unrolled by the host (src/attention/paged_lanes.rs)
+// where this file says `@unroll`, up to L_MAX_TILE rows and L_MAX_DIM / 4 vec4 columns, so every
+// query and accumulator is a named private value (no indexed array the adapter would keep in
+// memory); the rows and columns a pipeline does not use are removed by the override constants
+// TILE, K_DIM, ROPE_DIM and OUT_DIM when it is specialized.
+//
+// Results follow paged.wgsl's arithmetic (the same decoders, score transform, row factors and
+// `real` rounding of queries, keys, values and probabilities), in another summation order; they
+// are batch-invariant for the same reason (an item's keys and their order depend on its sequence
+// alone).
+
+override LANE_WG: u32 = 8u;
+// The K and V pools again (the same buffers as bindings 2 and 3), as vec4<u32>, for shapes
+// whose rows all start on a 16-byte boundary: the code written out for them reads four words
+// per access, so an adapter that loads lane by lane does a quarter of the loads.
+@group(0) @binding(9) var<storage, read> k_pool4: array<vec4<u32>>;
+@group(0) @binding(10) var<storage, read> v_pool4: array<vec4<u32>>;
+
+// Words 4w .. 4w + 3 of pool row `row` of K (which == 0u) or V.
+fn kv_word4(which: u32, row: u32, w: u32) -> vec4<u32> {
+    let i = kv_row_base(which, row) / 4u + w;
+    if which == 0u {
+        return k_pool4[i];
+    }
+    return v_pool4[i];
+}
+
+// @unroll half2: two f16 values of a word, element 2i in the low half (unpack2x16float where the
+// adapter has it; exact either way: every f16 is an f32).
+
+// Column i of the four words `wv` of a row of `dtype`, as kv_load4_codes gives it (int4 with its
+// group's (scale, min) `sm`; the four words are one whole int4 group).
+fn kv_quad_of(dtype: u32, wv: vec4<u32>, i: u32, sm: vec2<f32>) -> vec4<f32> {
+    switch dtype {
+        case KV_F32: {
+            return bitcast<vec4<f32>>(wv);
+        }
+        case KV_F16: {
+            return vec4<f32>(kv_half2(wv[2u * i]), kv_half2(wv[2u * i + 1u]));
+        }
+        case KV_BF16: {
+            return vec4<f32>(kv_unpack_bf16x2(wv[2u * i]), kv_unpack_bf16x2(wv[2u * i + 1u]));
+        }
+        case KV_FP8_E4M3: {
+            let b = kv_bytes(wv[i]);
+            return vec4<f32>(kv_fp8_e4m3(b.x), kv_fp8_e4m3(b.y), kv_fp8_e4m3(b.z), kv_fp8_e4m3(b.w));
+        }
+        case KV_FP8_E5M2: {
+            let b = kv_bytes(wv[i]);
+            return vec4<f32>(kv_fp8_e5m2(b.x), kv_fp8_e5m2(b.y), kv_fp8_e5m2(b.z), kv_fp8_e5m2(b.w));
+        }
+        case KV_INT8: {
+            let top = vec4<u32>(wv[i]) << vec4<u32>(24u, 16u, 8u, 0u);
+            return vec4<f32>(bitcast<vec4<i32>>(top) >> vec4<u32>(24u));
+        }
+        case KV_INT4: {
+            let w = wv[i / 2u] >> ((i & 1u) * 16u);
+            let q = (vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u);
+            return fma(vec4<f32>(q), vec4<f32>(sm.x), vec4<f32>(sm.y));
+        }
+        default: {
+            return vec4<f32>(0.0);
+        }
+    }
+}
+
+@compute @workgroup_size(LANE_WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let pair = gid.x;
+    if pair >= params.list_len * params.num_kv_heads {
+        return;
+    }
+    let item = plan[params.list_at + pair / params.num_kv_heads];
+    let kv_head = pair % params.num_kv_heads;
+    let ib = params.items_at + item * ITEM_WORDS;
+    let seq = plan[ib];
+    let row0 = plan[ib + 1u];
+    let n_rows = plan[ib + 2u];
+    let key_start = plan[ib + 3u];
+    let key_end = plan[ib + 4u];
+    let sb = params.seqs_at + seq * SEQ_WORDS;
+    let q_base = plan[sb];
+    let len_q = plan[sb + 1u];
+    let len_k = plan[sb + 2u];
+    let table = plan[sb + 3u];
+    let q4 = (K_DIM + ROPE_DIM) / 4u;
+    let vp = value_pool();
+    let causal = (params.flags & FLAG_CAUSAL) != 0u;
+    let alibi = (params.flags & FLAG_ALIBI) != 0u;
+    let bs_shift = firstTrailingBit(params.block_size);
+    let bs_mask = params.block_size - 1u;
+
+    // @unroll declare: q_T_C, qr_T_C (RoPE part), a_T_C, m_T, l_T, pos_T, slope_T.
+    // @unroll load_queries: for row T (rows past n_rows repeat the last one, never written):
+    //   r = row0 + min(T, n_rows - 1); its head, position, ALiBi slope and query columns.
+
+    for (var j = key_start; j < key_end; j++) {
+        let block = plan[table + (j >> bs_shift)] - params.first_block;
+        let row = (block * params.num_kv_heads + kv_head) * params.block_size + (j & bs_mask);
+        // @unroll key_dots: d_T = q_T . k over the K pool row's columns (codes; int4 decodes
+        //   each group's scale and min once).
+        let k_scale = kv_row_scale(0u, row);
+        let v_scale = select(1.0, kv_row_scale(vp, row), kv_row_scaled(vp));
+        // @unroll rope_dots: d_T = d_T * k_scale, plus the RoPE part of the key (MLA).
+        // @unroll softmax: per row, the score (DESIGN.md section 2) and the online softmax
+        //   update: m_T, l_T, the factor alpha_T rescaling a_T and the probability p_T (times
+        //   the V row's scale).
+        // @unroll values: a_T_C = a_T_C * alpha_T + p_T * v_C.
+    }
+
+    let out_base = (item * params.num_kv_heads + kv_head) * TILE;
+    let dv4 = OUT_DIM / 4u;
+    let v_tensor_scale = value_tensor_scale();
+    // @unroll write: rows T < n_rows: o = a_T * (v_tensor_scale / l_T) and lse.
+}
