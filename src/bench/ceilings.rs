@@ -34,7 +34,7 @@ impl Default for CeilingOptions {
         Self {
             buffer_bytes: 96 << 20,
             pairs: 3,
-            copy_workgroups: vec![16, 64, 256, 1024, 4096, 16384],
+            copy_workgroups: vec![64, 1024, 16384, 65535],
             fma_workgroups: vec![256, 4096],
             fma_seconds: 0.1,
             repeats: 3,
@@ -46,10 +46,10 @@ impl CeilingOptions {
     /// Fewer configurations and repeats, for `--quick` runs.
     pub fn quick() -> Self {
         Self {
-            copy_workgroups: vec![64, 1024, 16384],
+            copy_workgroups: vec![16384, 65535],
             fma_workgroups: vec![4096],
             fma_seconds: 0.05,
-            repeats: 2,
+            repeats: 4,
             ..Self::default()
         }
     }
