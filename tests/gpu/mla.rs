@@ -184,13 +184,9 @@ fn config(shape: &MlaShape, latent: KvDtype, block_size: usize) -> MlaCacheConfi
     c
 }
 
-#[test]
-fn small_odd_shapes_both_paths_match_reference() {
-    // Latent in every format (FP8 per-row and per-tensor), block sizes 1/16/64, pools over
-    // several 64 KiB bindings, decode and chunks after a prefix in one ragged batch, the
-    // up-projection path in several chunks and in one.
-    let ctx = gpu_capped();
-    let shapes = [
+/// Two small odd MLA shapes (RoPE parts of 8 and 4, latents of 64 and 96).
+fn small_shapes() -> [MlaShape; 2] {
+    [
         MlaShape {
             num_heads: 5,
             d_nope: 12,
@@ -205,7 +201,16 @@ fn small_odd_shapes_both_paths_match_reference() {
             rank: 96,
             d_v: 8,
         },
-    ];
+    ]
+}
+
+#[test]
+fn small_odd_shapes_both_paths_match_reference() {
+    // Latent in every format (FP8 per-row and per-tensor), block sizes 1/16/64, pools over
+    // several 64 KiB bindings, decode and chunks after a prefix in one ragged batch, the
+    // up-projection path in several chunks and in one.
+    let ctx = gpu_capped();
+    let shapes = small_shapes();
     let latents = [
         KvDtype::F32,
         KvDtype::F16,
@@ -378,22 +383,7 @@ fn absorbed_path_on_the_lanes_kernel_matches_reference() {
         ..Default::default()
     })
     .unwrap();
-    let shapes = [
-        MlaShape {
-            num_heads: 5,
-            d_nope: 12,
-            d_rope: 8,
-            rank: 64,
-            d_v: 20,
-        },
-        MlaShape {
-            num_heads: 3,
-            d_nope: 16,
-            d_rope: 4,
-            rank: 96,
-            d_v: 8,
-        },
-    ];
+    let shapes = small_shapes();
     let lens = [(1, 1), (1, 37), (9, 40), (70, 70), (1, 130)];
     for (n, (shape, latent)) in [(shapes[0], KvDtype::Int4), (shapes[1], KvDtype::F16)]
         .into_iter()

@@ -3,41 +3,9 @@
 use kvattn::bench::cases::{CaseKernel, Row};
 use kvattn::bench::Ceilings;
 
-/// One cell of a machine-readable row.
-enum Value {
-    Int(u64),
-    Float(f64),
-    Text(&'static str),
-    Owned(String),
-    Bool(bool),
-}
+use crate::columns::{self, Value};
 
-impl Value {
-    fn json(&self) -> String {
-        match self {
-            Value::Int(v) => v.to_string(),
-            Value::Float(v) => {
-                serde_json::to_string(&serde_json::json!(v)).expect("JSON of a number")
-            }
-            Value::Text(s) => serde_json::json!(s).to_string(),
-            Value::Owned(s) => serde_json::json!(s).to_string(),
-            Value::Bool(b) => b.to_string(),
-        }
-    }
-
-    fn csv(&self) -> String {
-        match self {
-            Value::Int(v) => v.to_string(),
-            Value::Float(v) if !v.is_finite() => String::new(),
-            Value::Float(v) => format!("{v}"),
-            Value::Text(s) => s.to_string(),
-            Value::Owned(s) => s.clone(),
-            Value::Bool(b) => b.to_string(),
-        }
-    }
-}
-
-type Column = (&'static str, fn(&Row) -> Value);
+type Column = columns::Column<Row>;
 
 /// The keys of every JSON object and the CSV header, in order.
 const COLUMNS: [Column; 24] = [
@@ -69,32 +37,12 @@ const COLUMNS: [Column; 24] = [
 
 /// One JSON array, one object per row, keys in [`COLUMNS`] order.
 pub fn json(rows: &[Row]) -> String {
-    let objects: Vec<String> = rows
-        .iter()
-        .map(|r| {
-            let fields: Vec<String> = COLUMNS
-                .iter()
-                .map(|(name, get)| format!("\"{name}\": {}", get(r).json()))
-                .collect();
-            format!("  {{{}}}", fields.join(", "))
-        })
-        .collect();
-    if objects.is_empty() {
-        return "[]\n".into();
-    }
-    format!("[\n{}\n]\n", objects.join(",\n"))
+    columns::json(rows, &COLUMNS)
 }
 
 /// A header line and one line per row.
 pub fn csv(rows: &[Row]) -> String {
-    let mut out = COLUMNS.map(|c| c.0).join(",");
-    out.push('\n');
-    for r in rows {
-        let cells: Vec<String> = COLUMNS.iter().map(|(_, get)| get(r).csv()).collect();
-        out.push_str(&cells.join(","));
-        out.push('\n');
-    }
-    out
+    columns::csv(rows, &COLUMNS)
 }
 
 /// The Markdown table: case, dtype, median ms, MB moved, GB/s, GFLOP/s, fraction of the

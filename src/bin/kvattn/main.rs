@@ -8,6 +8,7 @@ mod bench_output;
 mod bench_plot;
 mod capacity;
 mod case;
+mod columns;
 mod files;
 mod info;
 mod plot;

@@ -27,6 +27,7 @@ use kvattn::shader::Precision;
 use kvattn::Result;
 
 use crate::case::invalid;
+use crate::columns::{self, Value};
 use crate::files::{check_writable, write_all_or_none};
 use crate::plot;
 
@@ -425,45 +426,20 @@ fn run_once(
 
 /// The table's columns: name and how a row shows it (the first eleven are the JSON keys every
 /// consumer may rely on, in this order).
-type Column = (&'static str, fn(&Row) -> Value);
+type Column = columns::Column<Row>;
 
-/// A cell: an integer or a float.
-#[derive(Clone, Copy)]
-enum Value {
-    Int(usize),
-    Float(f64),
-}
-
-impl Value {
-    fn json(self) -> String {
-        match self {
-            Value::Int(v) => v.to_string(),
-            Value::Float(v) => {
-                serde_json::to_string(&serde_json::json!(v)).expect("JSON of a number")
-            }
-        }
-    }
-
-    fn csv(self) -> String {
-        match self {
-            Value::Int(v) => v.to_string(),
-            Value::Float(v) if v.is_nan() => String::new(),
-            Value::Float(v) => format!("{v}"),
-        }
-    }
-
-    fn text(self, name: &str) -> String {
-        match self {
-            Value::Int(v) => v.to_string(),
-            Value::Float(v) if v.is_nan() => "-".into(),
-            Value::Float(v) if name.ends_with("tok_s") => format!("{v:.1}"),
-            Value::Float(v) => format!("{v:.3}"),
-        }
+/// A cell as the table shows it: throughputs to 0.1, other floats to 0.001, NaN as `-`.
+fn text(value: &Value, name: &str) -> String {
+    match value {
+        Value::Float(v) if v.is_nan() => "-".into(),
+        Value::Float(v) if name.ends_with("tok_s") => format!("{v:.1}"),
+        Value::Float(v) => format!("{v:.3}"),
+        other => other.csv(),
     }
 }
 
 const COLUMNS: [Column; 19] = [
-    ("concurrency", |r| Value::Int(r.concurrency)),
+    ("concurrency", |r| Value::Int(r.concurrency as u64)),
     ("throughput_tok_s", |r| {
         Value::Float(r.stats.throughput_tok_s)
     }),
@@ -471,11 +447,13 @@ const COLUMNS: [Column; 19] = [
     ("ttft_p95_s", |r| Value::Float(r.stats.ttft_p95_s)),
     ("itl_p50_s", |r| Value::Float(r.stats.itl_p50_s)),
     ("itl_p95_s", |r| Value::Float(r.stats.itl_p95_s)),
-    ("preemptions", |r| Value::Int(r.stats.preemptions)),
+    ("preemptions", |r| Value::Int(r.stats.preemptions as u64)),
     ("prefix_hit_rate", |r| Value::Float(r.stats.prefix_hit_rate)),
-    ("failed_appends", |r| Value::Int(r.stats.failed_appends)),
-    ("completed", |r| Value::Int(r.stats.completed)),
-    ("requested", |r| Value::Int(r.stats.requested)),
+    ("failed_appends", |r| {
+        Value::Int(r.stats.failed_appends as u64)
+    }),
+    ("completed", |r| Value::Int(r.stats.completed as u64)),
+    ("requested", |r| Value::Int(r.stats.requested as u64)),
     ("block_util_mean", |r| {
         Value::Float(r.stats.block_utilization_mean)
     }),
@@ -483,51 +461,26 @@ const COLUMNS: [Column; 19] = [
         Value::Float(r.stats.block_utilization_peak)
     }),
     ("recomputed_tokens", |r| {
-        Value::Int(r.stats.recomputed_tokens)
+        Value::Int(r.stats.recomputed_tokens as u64)
     }),
     ("failed_admissions", |r| {
-        Value::Int(r.stats.failed_admissions)
+        Value::Int(r.stats.failed_admissions as u64)
     }),
     ("ttft_from_arrival_p95_s", |r| {
         Value::Float(r.ttft_from_arrival_p95_s)
     }),
-    ("output_tokens", |r| Value::Int(r.stats.output_tokens)),
-    ("steps", |r| Value::Int(r.stats.steps)),
+    ("output_tokens", |r| {
+        Value::Int(r.stats.output_tokens as u64)
+    }),
+    ("steps", |r| Value::Int(r.stats.steps as u64)),
     ("seconds", |r| Value::Float(r.wall_s)),
 ];
-
-/// One JSON array, one object per row, keys in [`COLUMNS`] order.
-fn json(rows: &[Row]) -> String {
-    let objects: Vec<String> = rows
-        .iter()
-        .map(|r| {
-            let fields: Vec<String> = COLUMNS
-                .iter()
-                .map(|(name, get)| format!("\"{name}\": {}", get(r).json()))
-                .collect();
-            format!("  {{{}}}", fields.join(", "))
-        })
-        .collect();
-    format!("[\n{}\n]\n", objects.join(",\n"))
-}
-
-/// A header line and one line per row.
-fn csv(rows: &[Row]) -> String {
-    let mut out = COLUMNS.map(|c| c.0).join(",");
-    out.push('\n');
-    for r in rows {
-        let cells: Vec<String> = COLUMNS.iter().map(|(_, get)| get(r).csv()).collect();
-        out.push_str(&cells.join(","));
-        out.push('\n');
-    }
-    out
-}
 
 /// The table, columns right-aligned to their widest cell.
 fn table(rows: &[Row]) -> String {
     let cells: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| COLUMNS.iter().map(|(n, get)| get(r).text(n)).collect())
+        .map(|r| COLUMNS.iter().map(|(n, get)| text(&get(r), n)).collect())
         .collect();
     let widths: Vec<usize> = COLUMNS
         .iter()
@@ -670,7 +623,7 @@ pub fn run(args: &ServeBenchArgs) -> Result<()> {
         })
         .collect();
     if args.json {
-        print!("{}", json(&rows));
+        print!("{}", columns::json(&rows, &COLUMNS));
     } else {
         println!();
         print!("{}", table(&rows));
@@ -695,7 +648,7 @@ pub fn run(args: &ServeBenchArgs) -> Result<()> {
     }
     let mut files = Vec::new();
     if let Some(p) = &args.csv {
-        files.push((p.as_path(), csv(&rows)));
+        files.push((p.as_path(), columns::csv(&rows, &COLUMNS)));
     }
     if let Some(p) = &args.svg {
         let points: Vec<plot::Point> = rows
