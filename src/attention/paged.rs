@@ -9,12 +9,22 @@
 //! section 4). A workgroup computes a partial (o, lse) per row for one (work item, KV head); the
 //! merge kernel combines a row's partials in key order and adds the sinks once.
 //!
+//! Two kernels run the same plan and write the same partial states: `paged.wgsl` (a workgroup
+//! per work item and KV head, for GPUs) and `paged_lanes.wgsl` (an invocation per work item and
+//! KV head, for CPU-backed adapters, written out per shape by [`super::paged_lanes`]). The
+//! context's [`AttentionKernel`] chooses; head dims past the lanes kernel's 256 take the
+//! workgroup kernel.
+//!
 //! Splits depend only on a sequence's own length and block table, never on the rest of the
 //! batch, and rows never interact, so a row's output is bitwise the same alone or batched.
 //!
 //! [`PagedAttentionPlan`] is built once per batch (block tables, work items and their GPU
 //! buffers) and [`PagedAttentionPlan::run`] runs per layer.
 
+use super::paged_lanes::{
+    columns_per_word4, LanesShape, L_MAX_DIM as LANES_MAX_DIM, L_MAX_ROPE,
+    L_MAX_TILE as LANES_MAX_TILE,
+};
 use super::{AttentionOptions, AttentionShape};
 use crate::attention::merge::{merge, MergeArgs, MergeParams};
 use crate::cache::allocator::SeqId;
@@ -34,10 +44,6 @@ const WG: u32 = 64;
 /// Invocations per workgroup of the lanes kernel (one SIMD group of a CPU adapter: 256-bit
 /// vectors of f32).
 const LANE_WG: u32 = 8;
-use super::paged_lanes::{
-    columns_per_word4, LanesShape, L_MAX_DIM as LANES_MAX_DIM, L_MAX_ROPE,
-    L_MAX_TILE as LANES_MAX_TILE,
-};
 /// Largest tile of rows (the WGSL `MAX_TILE`).
 const MAX_TILE: usize = 16;
 /// Output vec4s each invocation accumulates (the WGSL `MAX_ACC`).
