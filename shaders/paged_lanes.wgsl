@@ -12,11 +12,11 @@
 // invocations serve neighbouring KV heads of one item, so they read neighbouring rows of the
 // same blocks.
 //
-// The per-row and per-dimension loops are unrolled by the host (src/attention/paged_lanes.rs)
-// where this file says `@unroll`, up to L_MAX_TILE rows and L_MAX_DIM / 4 vec4 columns, so every
-// query and accumulator is a named private value (no indexed array the adapter would keep in
-// memory); the rows and columns a pipeline does not use are removed by the override constants
-// TILE, K_DIM, ROPE_DIM and OUT_DIM when it is specialized.
+// The host (src/attention/paged_lanes.rs) writes out the loops over rows and vec4 columns where
+// this file says `@unroll`, for one shape per module (rows per tile, columns of the query, RoPE
+// and output rows, column packing of the K and V formats), so every query and accumulator is a
+// named private value, never an indexed array the adapter would keep in memory. The override
+// constants TILE, K_DIM, ROPE_DIM and OUT_DIM a pipeline gets are the shape's.
 //
 // Results follow paged.wgsl's arithmetic (the same decoders, score transform, row factors and
 // `real` rounding of queries, keys, values and probabilities), in another summation order; they
@@ -24,6 +24,7 @@
 // alone).
 
 override LANE_WG: u32 = 8u;
+
 // The K and V pools again (the same buffers as bindings 2 and 3), as vec4<u32>, for shapes
 // whose rows all start on a 16-byte boundary: the code written out for them reads four words
 // per access, so an adapter that loads lane by lane does a quarter of the loads.
