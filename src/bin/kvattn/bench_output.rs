@@ -126,13 +126,14 @@ pub fn ceilings_header(adapter: &str, c: &Ceilings) -> String {
         .iter()
         .map(|t| format!("{}: {:.2}", t.workgroups, t.rate))
         .collect();
-    let f16 = c
-        .f16_gflops
-        .map_or_else(|| "none (no SHADER_F16)".to_string(), |g| format!("{g:.2}"));
+    let f16 = c.f16_gflops.map_or_else(
+        || "not measured (no SHADER_F16)".to_string(),
+        |g| format!("{g:.2} GFLOP/s"),
+    );
     format!(
         "adapter: {adapter}\n\
          ceilings ({}): copy {:.2} GB/s with {best} workgroups (GB/s by workgroups: {}) over \
-         {} MiB; FMA f32 {:.2} GFLOP/s, f16 {f16} GFLOP/s\n",
+         {} MiB; FMA f32 {:.2} GFLOP/s, f16 {f16}\n",
         if c.timestamps {
             "device timestamps"
         } else {
