@@ -74,17 +74,7 @@ fn acc_lane(tid: u32) -> u32 {
 fn attend(wid: vec3<u32>, tid: u32) {
     let item = plan[params.list_at + wid.x];
     let kv_head = wid.y;
-    let ib = params.items_at + item * ITEM_WORDS;
-    let seq = plan[ib];
-    let row0 = plan[ib + 1u];
-    let n_rows = plan[ib + 2u];
-    let key_start = plan[ib + 3u];
-    let key_end = plan[ib + 4u];
-    let sb = params.seqs_at + seq * SEQ_WORDS;
-    let q_base = plan[sb];
-    let len_q = plan[sb + 1u];
-    let len_k = plan[sb + 2u];
-    let table = plan[sb + 3u];
+    let it = work_item(item);
     let d4 = K_DIM / 4u;
     let q4 = (K_DIM + ROPE_DIM) / 4u;
     let dv4 = OUT_DIM / 4u;
@@ -97,33 +87,33 @@ fn attend(wid: vec3<u32>, tid: u32) {
     if tid < MAX_TILE {
         row_max[tid] = MASKED;
         row_sum[tid] = 0.0;
-        if tid < n_rows {
-            let r = row0 + tid;
+        if tid < it.n_rows {
+            let r = it.row0 + tid;
             let h = kv_head * GROUP + r % GROUP;
-            row_pos[tid] = r / GROUP + len_k - len_q;
+            row_pos[tid] = r / GROUP + it.len_k - it.len_q;
             row_slope[tid] = select(0.0, bitcast<f32>(plan[params.slopes_at + h]), alibi);
         }
     }
     for (var i = tid; i < TILE * q4; i += WG) {
         let t = i / q4;
         var v = vec4<f32>(0.0);
-        if t < n_rows {
-            let r = row0 + t;
+        if t < it.n_rows {
+            let r = it.row0 + t;
             let h = kv_head * GROUP + r % GROUP;
-            v = q[((q_base + r / GROUP) * params.num_q_heads + h) * q4 + i % q4];
+            v = q[((it.q_base + r / GROUP) * params.num_q_heads + h) * q4 + i % q4];
         }
         q_tile[i] = real4(v);
     }
     var acc: array<vec4<f32>, MAX_ACC>;
     workgroupBarrier();
 
-    for (var c0 = key_start; c0 < key_end; c0 += WG) {
+    for (var c0 = it.key_start; c0 < it.key_end; c0 += WG) {
         // 1. One key per invocation, scored against every row of the tile.
         let j = c0 + tid;
-        if j < key_end {
+        if j < it.key_end {
             var dots: array<f32, MAX_TILE>;
             // Block sizes are powers of two: shifts and masks, not divisions.
-            let block = plan[table + (j >> bs_shift)] - params.first_block;
+            let block = plan[it.table + (j >> bs_shift)] - params.first_block;
             let row = (block * params.num_kv_heads + kv_head) * params.block_size + (j & bs_mask);
             key_row[tid] = row;
             if K_DTYPE == KV_INT4 {
@@ -181,12 +171,12 @@ fn attend(wid: vec3<u32>, tid: u32) {
         workgroupBarrier();
 
         // 2. New running max per row and the factor rescaling what came before.
-        rows_update_max(tid, n_rows);
+        rows_update_max(tid, it.n_rows);
         workgroupBarrier();
 
         // 3. Probabilities, held in `real` precision.
         for (var t = 0u; t < TILE; t++) {
-            if t >= n_rows {
+            if t >= it.n_rows {
                 break;
             }
             let i = t * WG + tid;
@@ -196,7 +186,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
 
         // 4. Running sums, and the tile's outputs (neighbouring invocations read neighbouring
         // values of a V row).
-        rows_update_sum(tid, n_rows);
+        rows_update_sum(tid, it.n_rows);
         if kv_row_scaled(vp) {
             // Fold each V row's scale into its probabilities once (the sums above are done).
             workgroupBarrier();
@@ -208,7 +198,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
         // Each invocation owns ACC_COLS columns of the V rows and, for each, the rows
         // lane, lane + LANES, ...: a V value is loaded and decoded once per invocation and used
         // for all of its rows.
-        let n = min(WG, key_end - c0);
+        let n = min(WG, it.key_end - c0);
         for (var m = 0u; m < ACC_COLS; m++) {
             let c = acc_col(tid, m);
             if c >= dv4 || acc_lane(tid) >= LANES {
@@ -216,7 +206,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
             }
             for (var k = 0u; k < ACC_ROWS; k++) {
                 let t = acc_lane(tid) + k * LANES;
-                if t < n_rows {
+                if t < it.n_rows {
                     acc[m * ACC_ROWS + k] *= row_alpha[t];
                 }
             }
@@ -225,7 +215,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 let v = vec4<f32>(real4(kv_load4_codes(vp, row, c)));
                 for (var k = 0u; k < ACC_ROWS; k++) {
                     let t = acc_lane(tid) + k * LANES;
-                    if t < n_rows {
+                    if t < it.n_rows {
                         acc[m * ACC_ROWS + k] += scores[t * WG + i] * v;
                     }
                 }
@@ -244,7 +234,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
         }
         for (var k = 0u; k < ACC_ROWS; k++) {
             let t = acc_lane(tid) + k * LANES;
-            if t < n_rows {
+            if t < it.n_rows {
                 let l = row_sum[t];
                 // A per-tensor V scale (1 otherwise) applied once, with the normalization.
                 let v_scale = value_tensor_scale();

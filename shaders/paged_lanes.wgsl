@@ -87,17 +87,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let item = plan[params.list_at + pair / params.num_kv_heads];
     let kv_head = pair % params.num_kv_heads;
-    let ib = params.items_at + item * ITEM_WORDS;
-    let seq = plan[ib];
-    let row0 = plan[ib + 1u];
-    let n_rows = plan[ib + 2u];
-    let key_start = plan[ib + 3u];
-    let key_end = plan[ib + 4u];
-    let sb = params.seqs_at + seq * SEQ_WORDS;
-    let q_base = plan[sb];
-    let len_q = plan[sb + 1u];
-    let len_k = plan[sb + 2u];
-    let table = plan[sb + 3u];
+    let it = work_item(item);
     let q4 = (K_DIM + ROPE_DIM) / 4u;
     let vp = value_pool();
     let causal = (params.flags & FLAG_CAUSAL) != 0u;
@@ -109,8 +99,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     // @unroll load_queries: for row T (rows past n_rows repeat the last one, never written):
     //   r = row0 + min(T, n_rows - 1); its head, position, ALiBi slope and query columns.
 
-    for (var j = key_start; j < key_end; j++) {
-        let block = plan[table + (j >> bs_shift)] - params.first_block;
+    for (var j = it.key_start; j < it.key_end; j++) {
+        let block = plan[it.table + (j >> bs_shift)] - params.first_block;
         let row = (block * params.num_kv_heads + kv_head) * params.block_size + (j & bs_mask);
         // @unroll key_dots: d_T = q_T . k over the K pool row's columns (codes; int4 decodes
         //   each group's scale and min once).

@@ -10,6 +10,7 @@ pub mod mla;
 pub mod pipeline;
 pub mod quant;
 pub mod reference;
+pub mod rng;
 pub mod rope;
 pub mod serve;
 pub mod shader;

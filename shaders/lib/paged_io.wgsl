@@ -83,3 +83,35 @@ fn value_tensor_scale() -> f32 {
     let w = value_pool();
     return select(1.0, kv_tensor_scale(w), kv_per_tensor_of(w));
 }
+
+// A work item of the plan and its sequence's record: the tile's first row and rows, the key
+// range it sees, and the sequence's first query token, query and key lengths and block table.
+struct WorkItem {
+    seq: u32,
+    row0: u32,
+    n_rows: u32,
+    key_start: u32,
+    key_end: u32,
+    q_base: u32,
+    len_q: u32,
+    len_k: u32,
+    table: u32,
+}
+
+// Work item `item` as the host wrote it (ITEM_WORDS and SEQ_WORDS words per record).
+fn work_item(item: u32) -> WorkItem {
+    let ib = params.items_at + item * ITEM_WORDS;
+    let seq = plan[ib];
+    let sb = params.seqs_at + seq * SEQ_WORDS;
+    return WorkItem(
+        seq,
+        plan[ib + 1u],
+        plan[ib + 2u],
+        plan[ib + 3u],
+        plan[ib + 4u],
+        plan[sb],
+        plan[sb + 1u],
+        plan[sb + 2u],
+        plan[sb + 3u],
+    );
+}

@@ -121,16 +121,16 @@ impl LanesShape {
             "load_queries" => {
                 for t in rows {
                     let _ = writeln!(w, "    {{");
-                    let _ = writeln!(w, "        let r = row0 + min({t}u, n_rows - 1u);");
+                    let _ = writeln!(w, "        let r = it.row0 + min({t}u, it.n_rows - 1u);");
                     let _ = writeln!(w, "        let h = kv_head * GROUP + r % GROUP;");
-                    let _ = writeln!(w, "        pos_{t} = r / GROUP + len_k - len_q;");
+                    let _ = writeln!(w, "        pos_{t} = r / GROUP + it.len_k - it.len_q;");
                     let _ = writeln!(
                         w,
                         "        slope_{t} = select(0.0, bitcast<f32>(plan[params.slopes_at + h]), alibi);"
                     );
                     let _ = writeln!(
                         w,
-                        "        let qb = ((q_base + r / GROUP) * params.num_q_heads + h) * q4;"
+                        "        let qb = ((it.q_base + r / GROUP) * params.num_q_heads + h) * q4;"
                     );
                     for c in 0..k_cols {
                         let _ = writeln!(w, "        q_{t}_{c} = vec4<f32>(real4(q[qb + {c}u]));");
@@ -216,7 +216,7 @@ impl LanesShape {
             }
             "write" => {
                 for t in rows {
-                    let _ = writeln!(w, "    if n_rows > {t}u {{");
+                    let _ = writeln!(w, "    if it.n_rows > {t}u {{");
                     let _ = writeln!(
                         w,
                         "        let inv = select(0.0, 1.0 / l_{t}, l_{t} > 0.0) * v_tensor_scale;"

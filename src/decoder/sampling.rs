@@ -1,6 +1,7 @@
 //! Choosing the next token from logits on the host: greedy, or temperature with top-k and top-p
 //! (nucleus) filtering, reproducible from a seed.
 
+use crate::rng::SplitMix64;
 use crate::{Error, Result};
 
 /// How to pick the next token.
@@ -70,7 +71,7 @@ pub fn argmax(logits: &[f32]) -> Result<u32> {
 #[derive(Debug, Clone)]
 pub struct Sampler {
     cfg: Sampling,
-    state: u64,
+    rng: SplitMix64,
 }
 
 impl Sampler {
@@ -79,17 +80,8 @@ impl Sampler {
         cfg.validate()?;
         Ok(Self {
             cfg,
-            state: cfg.seed,
+            rng: SplitMix64::new(cfg.seed),
         })
-    }
-
-    fn uniform(&mut self) -> f64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// The next token for `logits`.
@@ -128,7 +120,7 @@ impl Sampler {
             let total: f64 = probs.iter().sum();
             probs.iter_mut().for_each(|p| *p /= total);
         }
-        let u = self.uniform();
+        let u = self.rng.uniform();
         let mut acc = 0.0;
         for (&i, &p) in ids.iter().zip(&probs) {
             acc += p;

@@ -15,6 +15,7 @@ use super::sampling::argmax;
 use crate::cache::paged::{PagedKvCache, PoolSize};
 use crate::gpu::Context;
 use crate::quant::KvDtype;
+use crate::rng::SplitMix64;
 use crate::rope::RopeStyle;
 use crate::shader::Precision;
 use crate::Result;
@@ -35,17 +36,12 @@ pub fn toy_config(n_kv_heads: usize) -> DecoderConfig {
     }
 }
 
-/// SplitMix64 normals, for reproducible weights without dependencies.
-struct Normals(u64);
+/// Normals from SplitMix64, for reproducible weights without dependencies.
+struct Normals(SplitMix64);
 
 impl Normals {
     fn uniform(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        self.0.uniform_open()
     }
 
     fn take(&mut self, n: usize, scale: f64) -> Vec<f32> {
@@ -61,7 +57,7 @@ impl Normals {
 /// Seeded random weights for `c`: embeddings of unit variance, each matrix scaled by
 /// `1 / sqrt(fan_in)`, norms 1, an untied output projection.
 pub fn random_weights(c: &DecoderConfig, seed: u64) -> HostWeights {
-    let mut r = Normals(seed);
+    let mut r = Normals(SplitMix64::new(seed));
     let d = c.d_model;
     let fan = |n: usize| 1.0 / (n as f64).sqrt();
     let layers = (0..c.layers)
@@ -241,7 +237,7 @@ pub fn run(ctx: &Context, opts: &ToyOptions) -> Result<ToyReport> {
         &random_weights(&config, opts.seed),
         opts.precision,
     )?;
-    let mut r = Normals(opts.seed ^ 0x5eed);
+    let mut r = Normals(SplitMix64::new(opts.seed ^ 0x5eed));
     let prompt: Vec<u32> = (0..opts.prompt)
         .map(|_| (r.uniform() * config.vocab as f64) as u32 % config.vocab as u32)
         .collect();

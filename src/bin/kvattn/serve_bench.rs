@@ -21,6 +21,7 @@ use kvattn::decoder::model::{Decoder, DecoderConfig};
 use kvattn::decoder::toy::{random_weights, toy_config};
 use kvattn::gpu::Context;
 use kvattn::quant::KvDtype;
+use kvattn::rng::SplitMix64;
 use kvattn::serve::stats::quantile;
 use kvattn::serve::{Preemption, Request, RunStats, Scheduler, SchedulerConfig};
 use kvattn::shader::Precision;
@@ -261,24 +262,6 @@ fn parse_concurrency(list: &str) -> Result<Vec<usize>> {
     Ok(out)
 }
 
-/// SplitMix64: the workload's random numbers.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in (0, 1).
-    fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-}
-
 /// The requests of every run: prompts and arrival times (seconds from the run's start).
 struct Workload {
     prompts: Vec<Vec<u32>>,
@@ -289,8 +272,8 @@ impl Workload {
     /// Random tokens below `vocab`; the first `shared_prefix` the same in every prompt. Poisson
     /// arrivals start at 0 and are spaced by exponential gaps of mean `1 / rate`.
     fn new(s: &Settings, vocab: usize) -> Self {
-        let mut r = Rng(s.seed ^ 0x5EED_5E4E_BE4C);
-        let token = |r: &mut Rng| (r.next_u64() % vocab as u64) as u32;
+        let mut r = SplitMix64::new(s.seed ^ 0x5EED_5E4E_BE4C);
+        let token = |r: &mut SplitMix64| (r.next_u64() % vocab as u64) as u32;
         let prefix: Vec<u32> = (0..s.shared_prefix).map(|_| token(&mut r)).collect();
         let prompts = (0..s.requests)
             .map(|_| {
@@ -305,7 +288,7 @@ impl Workload {
                 Arrivals::All => 0.0,
                 Arrivals::Poisson(rate) => {
                     if i > 0 {
-                        t += -r.uniform().ln() / rate;
+                        t += -r.uniform_open().ln() / rate;
                     }
                     t
                 }
