@@ -34,6 +34,10 @@ const KEYS: [&str; 17] = [
 /// Small ceilings and tiny cases: each run takes seconds.
 const FAST: [&str; 5] = ["--quick", "--ceiling-mib", "8", "--context", "128"];
 
+/// An adapter name no adapter has: a run that reaches the GPU fails with "no GPU adapter
+/// found", so an error seen under it came before any GPU work.
+const NO_ADAPTER: &str = "no-such-adapter-kvattn-test";
+
 fn kvattn(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kvattn"))
         // The workgroup attention kernel unless the caller picks one (see tests/common).
@@ -261,4 +265,35 @@ fn bad_flags_fail_with_one_line_and_write_nothing() {
     fails(&["--quick", "--csv", s(&missing)], "does not exist");
     fails(&["--quick", "--plot", s(&dir)], "is a directory");
     assert!(listing(&dir).is_empty());
+}
+
+/// Two output flags naming one file (however spelt) are refused before the adapter is opened,
+/// as one line naming both flags, and nothing is written.
+#[test]
+fn one_file_for_two_outputs_is_refused_before_any_gpu_work() {
+    let dir = temp_dir("same");
+    std::fs::create_dir(dir.join("sub")).unwrap();
+    let out = dir.join("bench.out");
+    for other in [
+        out.clone(),
+        dir.join(".").join("bench.out"),
+        dir.join("sub").join("..").join("bench.out"),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_kvattn"))
+            .env("WGPU_ADAPTER_NAME", NO_ADAPTER)
+            .args(["bench", "--quick", "--csv", s(&out), "--plot", s(&other)])
+            .output()
+            .expect("run kvattn");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{other:?}: {err:?}");
+        assert!(o.stdout.is_empty(), "{other:?}: printed to stdout");
+        assert_eq!(err.lines().count(), 1, "{other:?}: {err:?}");
+        assert!(
+            err.starts_with("kvattn: ") && err.contains("is the same file as --csv"),
+            "{other:?}: {err:?}"
+        );
+        assert!(err.contains("--plot"), "{err:?}");
+        assert_eq!(listing(&dir), ["sub"]);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

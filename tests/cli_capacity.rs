@@ -643,3 +643,48 @@ fn bad_arguments_fail() {
     // The semantic errors above exit with 1.
     assert_eq!(kvattn(&["--model", "gpt-5"]).status.code(), Some(1));
 }
+
+/// Usage errors from the parser are one line on stderr like the other errors, with clap's exit
+/// status (2); `--help` still prints the full help.
+#[test]
+fn usage_errors_are_one_line() {
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--model", "qwen3-8b", "--tokens", "-1"],
+            "unexpected argument '-1'",
+        ),
+        (
+            &[
+                "--model",
+                "qwen3-8b",
+                "--tokens",
+                "5",
+                "--tokens-per-seq",
+                "6",
+            ],
+            "cannot be used multiple times",
+        ),
+        (
+            &["--kv-dtype", "f16"],
+            "a similar argument exists: '--dtype'",
+        ),
+        (&["--seqs", "many"], "invalid value 'many' for '--seqs <B>'"),
+        (&["--model"], "--model"),
+    ];
+    for (args, needle) in cases {
+        let out = kvattn(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err:?}");
+        assert!(out.stdout.is_empty(), "{args:?} printed to stdout");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err:?}");
+        assert!(err.starts_with("kvattn: capacity: "), "{args:?}: {err:?}");
+        assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
+    }
+    let out = kvattn(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.lines().count() > 5 && help.contains("--budget-bytes"),
+        "{help}"
+    );
+}

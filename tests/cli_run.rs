@@ -38,6 +38,45 @@ fn kvattn(args: &[&str]) -> Output {
         .expect("run kvattn")
 }
 
+/// An adapter name no adapter has: a command that reaches the GPU fails with "no GPU adapter
+/// found", so an error seen under it came before any GPU work.
+const NO_ADAPTER: &str = "no-such-adapter-kvattn-test";
+
+/// `kvattn args` run in `cwd` with [`NO_ADAPTER`].
+fn kvattn_no_gpu(cwd: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvattn"))
+        .env("WGPU_ADAPTER_NAME", NO_ADAPTER)
+        .current_dir(cwd)
+        .args(args)
+        .output()
+        .expect("run kvattn")
+}
+
+/// Expects `o` to have failed with exit status `code`, nothing on stdout and exactly one line
+/// on stderr, starting `kvattn: ` and containing `needle`.
+fn one_line_failure(o: &Output, code: i32, needle: &str, what: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "{what}: {err:?}");
+    assert!(o.stdout.is_empty(), "{what}: printed to stdout");
+    assert_eq!(
+        err.lines().count(),
+        1,
+        "{what}: stderr is not one line: {err:?}"
+    );
+    assert!(err.starts_with("kvattn: "), "{what}: {err:?}");
+    assert!(err.contains(needle), "{what}: {err:?} lacks {needle:?}");
+}
+
+/// The names in `dir`, sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 /// A fresh, empty directory for one test.
 fn temp_dir(name: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
@@ -699,26 +738,232 @@ fn run_attention_rejects_invalid_input() {
     );
 }
 
+/// A valid case file of each `run` op, with the flags it needs.
+fn valid_cases() -> [(&'static str, CaseFile, &'static [&'static str]); 3] {
+    let quantize = CaseFile {
+        tensors: vec![f32_t("x", vec![2, 1, 8], &[0.5; 16])],
+        meta: HashMap::new(),
+    };
+    [
+        (
+            "attention",
+            Problem::new(2, 1, 8, 8, &[(1, 3)], 10).file(),
+            &[],
+        ),
+        (
+            "mla",
+            MlaProblem::new(small_mla_shape(), &[(1, 3)], 12).file(),
+            &[],
+        ),
+        ("quantize", quantize, &["--kv-dtype", "f16"]),
+    ]
+}
+
+/// A missing output directory or an output that is a directory is reported before the kernel
+/// runs (the adapter is never opened), as one line naming `--out`, and nothing is written.
 #[test]
-fn run_attention_writes_nothing_when_the_destination_is_bad() {
-    let dir = temp_dir("bad-dest");
-    let case = dir.join("case.safetensors");
-    Problem::new(2, 1, 8, 8, &[(1, 3)], 10).file().write(&case);
-    let out = dir.join("no-such-dir").join("out.safetensors");
-    let o = kvattn(&["run", "attention", "--in", s(&case), "--out", s(&out)]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success());
-    let last = err.lines().last().unwrap_or_default();
-    assert!(last.starts_with("kvattn: "), "{err}");
-    if PAGED_IMPLEMENTED {
-        assert!(last.contains("cannot write"), "{err}");
+fn run_checks_the_destination_before_any_gpu_work() {
+    for (op, file, flags) in valid_cases() {
+        let dir = temp_dir(&format!("bad-dest-{op}"));
+        file.write(&dir.join("case.safetensors"));
+        std::fs::create_dir(dir.join("sub")).unwrap();
+        for (out, needle) in [
+            (
+                "no-such-dir/out.safetensors",
+                "the directory no-such-dir does not exist",
+            ),
+            ("sub", "--out sub is a directory"),
+        ] {
+            let mut args = vec!["run", op, "--in", "case.safetensors", "--out", out];
+            args.extend_from_slice(flags);
+            let o = kvattn_no_gpu(&dir, &args);
+            one_line_failure(&o, 1, needle, &format!("{op} --out {out}"));
+            assert_eq!(listing(&dir), ["case.safetensors", "sub"], "{op} {out}");
+            assert_eq!(
+                listing(&dir.join("sub")),
+                Vec::<String>::new(),
+                "{op} {out}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
-    assert!(!out.exists());
-    let names: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(names, ["case.safetensors"]);
+}
+
+/// `--out` naming the `--in` file, however spelt (the same name, `./`, through a directory and
+/// back, absolute against relative, a symlink either way), is refused before any GPU work and
+/// leaves the input as it was.
+#[cfg(unix)]
+#[test]
+fn run_refuses_an_output_that_is_its_input() {
+    for (op, file, flags) in valid_cases() {
+        let dir = temp_dir(&format!("same-{op}"));
+        let case = dir.join("case.safetensors");
+        file.write(&case);
+        let before = std::fs::read(&case).unwrap();
+        std::os::unix::fs::symlink("case.safetensors", dir.join("link.safetensors")).unwrap();
+        std::fs::create_dir(dir.join("sub")).unwrap();
+        for (input, out) in [
+            ("case.safetensors", "case.safetensors"),
+            ("case.safetensors", "./case.safetensors"),
+            ("./case.safetensors", "sub/../case.safetensors"),
+            ("case.safetensors", s(&case)),
+            ("case.safetensors", "link.safetensors"),
+            ("link.safetensors", "case.safetensors"),
+        ] {
+            let mut args = vec!["run", op, "--in", input, "--out", out];
+            args.extend_from_slice(flags);
+            let o = kvattn_no_gpu(&dir, &args);
+            let what = format!("{op} --in {input} --out {out}");
+            one_line_failure(&o, 1, "is the same file as --in", &what);
+            assert_eq!(
+                std::fs::read(&case).unwrap(),
+                before,
+                "{what}: input changed"
+            );
+            assert_eq!(
+                listing(&dir),
+                ["case.safetensors", "link.safetensors", "sub"],
+                "{what}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A misspelt tensor or metadata key is refused, naming it and the accepted ones, for every
+/// op; the metadata key `format` (PyTorch's writer adds it) is accepted.
+#[test]
+fn run_refuses_unknown_tensors_and_metadata_keys() {
+    let [(_, attention, _), (_, mla, _), (_, quantize, _)] = valid_cases();
+    let edit = |file: &CaseFile, f: &dyn Fn(&mut CaseFile)| {
+        let mut c = file.clone();
+        f(&mut c);
+        c
+    };
+    let sink = edit(&attention, &|c| {
+        c.set(f32_t("sink", vec![2], &[0.0, 0.0]));
+    });
+    rejects(
+        "unknown-sink",
+        Some(&sink),
+        &[],
+        "unknown tensor \"sink\"; accepted: q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, \
+         alibi_slopes",
+    );
+    let window = edit(&attention, &|c| {
+        c.meta("sliding-window", "2");
+    });
+    rejects(
+        "unknown-window",
+        Some(&window),
+        &[],
+        "unknown metadata key \"sliding-window\"; accepted: causal, scale, sliding_window, \
+         softcap, k_scale, v_scale, format",
+    );
+    let w = edit(&mla, &|c| {
+        c.set(f32_t("w_kv", vec![1], &[0.0]));
+    });
+    rejects_op(
+        "mla",
+        "unknown-w-kv",
+        Some(&w),
+        &[],
+        "unknown tensor \"w_kv\"",
+    );
+    let latent = edit(&mla, &|c| {
+        c.meta("latent-scale", "0.5");
+    });
+    rejects_op(
+        "mla",
+        "unknown-latent-scale",
+        Some(&latent),
+        &["--kv-dtype", "fp8-e4m3"],
+        "unknown metadata key \"latent-scale\"; accepted: scale, latent_scale, format",
+    );
+    let y = edit(&quantize, &|c| {
+        c.set(f32_t("y", vec![1], &[0.0]));
+    });
+    rejects_op(
+        "quantize",
+        "unknown-y",
+        Some(&y),
+        &["--kv-dtype", "f16"],
+        "unknown tensor \"y\"; accepted: x",
+    );
+    let scales = edit(&quantize, &|c| {
+        c.meta("scales", "0.5");
+    });
+    rejects_op(
+        "quantize",
+        "unknown-scales",
+        Some(&scales),
+        &["--kv-dtype", "fp8-e4m3"],
+        "unknown metadata key \"scales\"; accepted: scale, format",
+    );
+    // `format` passes the name check: the next check speaks (or the run succeeds).
+    let pt = |file: &CaseFile| {
+        edit(file, &|c| {
+            c.meta("format", "pt");
+        })
+    };
+    let bad_rank = edit(&pt(&mla), &|c| {
+        c.set(f32_t("w_uk", vec![3, 8, 16], &[0.0; 3 * 8 * 16]));
+    });
+    rejects_op("mla", "format-mla", Some(&bad_rank), &[], "w_uk's rank");
+    rejects_op(
+        "quantize",
+        "format-quantize",
+        Some(&pt(&quantize)),
+        &["--kv-dtype", "int4"],
+        "multiple of 32",
+    );
+    let p = Problem::new(2, 1, 8, 8, &[(1, 3)], 10);
+    let f32_rows = per_row(KvDtype::F32);
+    check_attention_file(
+        "format-attention",
+        &p,
+        &pt(&p.file()),
+        &[],
+        f32_rows,
+        f32_rows,
+    );
+}
+
+/// Usage errors of every subcommand are one line on stderr with clap's exit status (2), as
+/// the other errors are; `--help` still prints the full help.
+#[test]
+fn usage_errors_are_one_line() {
+    let dir = temp_dir("usage");
+    let cases: [(&[&str], &str); 10] = [
+        (&["run", "attention"], "run attention: the following required arguments were not provided: --in <CASE>, --out <RESULT>"),
+        (&["run", "attention", "--in", "a", "--out", "b", "--bogus"], "run attention: unexpected argument '--bogus'"),
+        (&["run", "attention", "--in", "a", "--out", "b", "--block-size", "x"], "--block-size"),
+        (&["run", "mla", "--in", "a", "--out", "b", "--up-proj-chunk", "-3"], "run mla: "),
+        (&["run", "quantize", "--in", "a", "--out", "b"], "--kv-dtype"),
+        (&["run", "attnetion"], "run: unrecognized subcommand 'attnetion'"),
+        (&["verify", "--json"], "verify: "),
+        (&["verify", "--quality", "--kernel", "decode"], "verify: "),
+        (&["info", "--bogus"], "info: unexpected argument '--bogus'"),
+        (&["bogus"], "unrecognized subcommand 'bogus'"),
+    ];
+    for (args, needle) in cases {
+        let o = kvattn_no_gpu(&dir, args);
+        one_line_failure(&o, 2, needle, &format!("{args:?}"));
+    }
+    for args in [
+        &["run", "attention", "--help"][..],
+        &["run", "--help"],
+        &["--help"],
+    ] {
+        let o = kvattn_no_gpu(&dir, args);
+        assert!(o.status.success(), "{args:?}");
+        let help = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            help.lines().count() > 5 && help.contains("Usage:"),
+            "{args:?}: {help}"
+        );
+    }
+    assert!(listing(&dir).is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -25,6 +25,20 @@ const KEYS: [&str; 11] = [
     "requested",
 ];
 
+/// An adapter name no adapter has: a run that reaches the GPU fails with "no GPU adapter
+/// found", so an error seen under it came before any GPU work.
+const NO_ADAPTER: &str = "no-such-adapter-kvattn-test";
+
+/// `kvattn serve-bench args` with [`NO_ADAPTER`].
+fn kvattn_no_gpu(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvattn"))
+        .env("WGPU_ADAPTER_NAME", NO_ADAPTER)
+        .arg("serve-bench")
+        .args(args)
+        .output()
+        .expect("run kvattn")
+}
+
 fn kvattn(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kvattn"))
         // The workgroup attention kernel unless the caller picks one (see tests/common).
@@ -252,4 +266,63 @@ fn check_fails(args: &[&str], needle: &str) {
     assert!(out.stdout.is_empty(), "{args:?} printed to stdout");
     assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err:?}");
     assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
+}
+
+/// Expects `out` to have failed with one line on stderr mentioning `needle` and nothing on
+/// stdout.
+fn one_line_failure(out: &Output, what: &str, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{what}: {err:?}");
+    assert!(out.stdout.is_empty(), "{what} printed to stdout");
+    assert_eq!(err.lines().count(), 1, "{what}: {err:?}");
+    assert!(err.starts_with("kvattn: "), "{what}: {err:?}");
+    assert!(err.contains(needle), "{what}: {err:?} lacks {needle:?}");
+}
+
+/// A rate whose mean gap between arrivals exceeds a minute (it panicked or slept for ever),
+/// or that is not a finite positive number, is refused before the adapter is opened; a rate
+/// just above the bound passes the checks (and then finds no adapter).
+#[test]
+fn rates_beyond_the_bound_are_refused_before_any_gpu_work() {
+    for rate in ["1e-20", "1e-12", "0.01", "0", "-1", "inf", "NaN"] {
+        let flag = format!("--rate={rate}");
+        let o = kvattn_no_gpu(&["--quick", "--arrivals", "poisson", &flag]);
+        one_line_failure(&o, &format!("--rate {rate}"), "at least 1/60");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("--rate"));
+    }
+    let o = kvattn_no_gpu(&["--quick", "--arrivals", "poisson", "--rate", "0.02"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("no GPU adapter found"), "{err:?}");
+}
+
+/// Output files are checked before the adapter is opened: two flags naming one file (however
+/// spelt) and an output naming the --model file are refused as one line, nothing written.
+#[test]
+fn output_paths_are_checked_before_any_gpu_work() {
+    let dir = temp_dir("same");
+    let out = dir.join("sweep.out");
+    let dotted = dir.join(".").join("sweep.out");
+    let model = dir.join("model.gguf");
+    std::fs::write(&model, b"not really a model").unwrap();
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--csv", s(&out), "--svg", s(&out)],
+            "is the same file as --csv",
+        ),
+        (
+            &["--csv", s(&out), "--svg", s(&dotted)],
+            "is the same file as --csv",
+        ),
+        (
+            &["--model", s(&model), "--csv", s(&model)],
+            "is the same file as --model",
+        ),
+    ];
+    for (args, needle) in cases {
+        one_line_failure(&kvattn_no_gpu(args), &format!("{args:?}"), needle);
+        assert_eq!(listing(&dir), ["model.gguf"], "{args:?}");
+    }
+    assert_eq!(std::fs::read(&model).unwrap(), b"not really a model");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -65,7 +65,10 @@ pub fn bench_cases(c: &mut Criterion, family: &str, cases: &[Case]) {
                     let ((), t) = ctx
                         .timed(|| p.run(ctx))
                         .unwrap_or_else(|e| panic!("running {id}: {e}"));
-                    total += Duration::from_secs_f64(t.seconds);
+                    // NaN or negative as zero, out of range as the maximum: never a panic.
+                    let d =
+                        Duration::try_from_secs_f64(t.seconds.max(0.0)).unwrap_or(Duration::MAX);
+                    total = total.saturating_add(d);
                 }
                 total
             })

@@ -3,7 +3,7 @@
 //! bandwidth and FMA rate; a case's roofline time is `max(bytes / bandwidth, flops / rate)` and
 //! it is judged by the fraction of that it reaches.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kvattn::bench::cases::{full_set, measure, prepare, quick_set, row, Case, Row};
@@ -15,7 +15,7 @@ use kvattn::{Error, Result};
 use crate::bench_output::{ceilings_header, csv, json, progress, table};
 use crate::bench_plot;
 use crate::case::invalid;
-use crate::files::{check_writable, write_all_or_none};
+use crate::files::{check_outputs, write_all_or_none};
 use crate::run::parse_precision;
 
 /// Largest `--context`.
@@ -163,12 +163,11 @@ fn in_case(case: &Case, e: Error) -> Error {
 /// case, prints the table (or JSON) and writes the CSV and SVG files, all or none.
 pub fn run(args: &BenchArgs) -> Result<()> {
     let s = Settings::new(args)?;
-    if let Some(p) = &args.csv {
-        check_writable("--csv", p)?;
-    }
-    if let Some(p) = &args.plot {
-        check_writable("--plot", p)?;
-    }
+    let outputs: Vec<(&str, &Path)> = [("--csv", &args.csv), ("--plot", &args.plot)]
+        .into_iter()
+        .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
+        .collect();
+    check_outputs(&outputs, &[])?;
     if args.list {
         for c in &s.cases {
             println!("{}", c.id());

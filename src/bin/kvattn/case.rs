@@ -10,6 +10,10 @@ use kvattn::{Error, Result};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 
+/// Metadata keys every case file may carry: `format`, which PyTorch's safetensors writer adds
+/// on its own.
+pub const FREE_META: [&str; 1] = ["format"];
+
 /// An error about the input, as one line.
 pub fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidArgument(msg.into())
@@ -104,6 +108,35 @@ impl<'a> CaseFile<'a> {
             .collect()
     }
 
+    /// Refuses tensors not in `tensors` and metadata keys not in `meta` (nor [`FREE_META`]),
+    /// so a misspelt optional name (`sink` for `sinks`) is an error rather than ignored.
+    pub fn check_names(&self, tensors: &[&str], meta: &[&str]) -> Result<()> {
+        let mut names = self.st.names();
+        names.sort();
+        if let Some(name) = names.iter().find(|n| !tensors.contains(n)) {
+            return Err(invalid(format!(
+                "{} has an unknown tensor {name:?}; accepted: {}",
+                self.path,
+                tensors.join(", ")
+            )));
+        }
+        let mut keys: Vec<&String> = self.meta.keys().collect();
+        keys.sort();
+        let known = |k: &str| meta.contains(&k) || FREE_META.contains(&k);
+        if let Some(key) = keys.into_iter().find(|k| !known(k)) {
+            return Err(invalid(format!(
+                "{} has an unknown metadata key {key:?}; accepted: {}",
+                self.path,
+                meta.iter()
+                    .chain(&FREE_META)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        Ok(())
+    }
+
     fn missing(&self, name: &str, what: &str) -> Error {
         invalid(format!("{} has no tensor {name} ({what})", self.path))
     }
@@ -127,6 +160,28 @@ impl<'a> CaseFile<'a> {
             .transpose()
     }
 }
+
+/// The tensors of an attention case file (the last two optional).
+const ATTENTION_TENSORS: [&str; 7] = [
+    "q",
+    "k",
+    "v",
+    "cu_seqlens_q",
+    "cu_seqlens_k",
+    "sinks",
+    "alibi_slopes",
+];
+
+/// The metadata keys of an attention case file (`k_scale` and `v_scale` are read by `run
+/// attention` itself).
+const ATTENTION_META: [&str; 6] = [
+    "causal",
+    "scale",
+    "sliding_window",
+    "softcap",
+    "k_scale",
+    "v_scale",
+];
 
 /// An attention problem read from a case file: shapes, options and the ragged batch's tensors.
 pub struct AttentionCase {
@@ -161,6 +216,7 @@ impl AttentionCase {
     /// Reads the `attention` tensors and metadata of DESIGN.md section 9 and checks that the
     /// shapes agree with each other and with the offsets (the rest is [`RaggedBatch::validate`]).
     pub fn from_file(f: &CaseFile) -> Result<Self> {
+        f.check_names(&ATTENTION_TENSORS, &ATTENTION_META)?;
         let q = f.f32("q", 3, "[total_q, Hq, d]")?;
         let k = f.f32("k", 3, "[total_k, Hkv, d]")?;
         let v = f.f32("v", 3, "[total_k, Hkv, d_v]")?;

@@ -19,7 +19,7 @@ mod serve_bench;
 mod usage;
 mod verify;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Cross-vendor GPU attention kernels over a KV cache.
 #[derive(Parser)]
@@ -48,13 +48,15 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = match Cli::try_parse() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
-        // serve-bench's and bench's usage errors are one line like their other errors.
-        Err(e) => match usage::one_line_subcommand(&e) {
-            Some(name) => {
-                eprintln!("kvattn: {name}: {}", usage::usage_line(&e));
-                return std::process::ExitCode::from(2);
+        // Usage errors are one line like every other error (clap's exit status, 2); help and
+        // version print in full.
+        Err(e) => match usage::one_line(&e, &Cli::command(), &args) {
+            Some(line) => {
+                eprintln!("kvattn: {line}");
+                return std::process::ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
             }
             None => e.exit(),
         },

@@ -9,8 +9,8 @@
 //!   differ) and written with the GPU decoder's values: `codes`, `scales`, `mins` (int4) and
 //!   `dequant`.
 //!
-//! Everything that can be checked on the host is checked before the GPU is touched; nothing is
-//! written on error.
+//! Everything that can be checked on the host is checked before the GPU is touched (the output
+//! path first: its directory, and that it is not the input file); nothing is written on error.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -28,6 +28,7 @@ use kvattn::shader::Precision;
 use kvattn::{Error, Result};
 
 use crate::case::{invalid, read_file, write_atomic, AttentionCase, CaseFile, OutTensor};
+use crate::files::check_outputs;
 
 /// Seed of the free-block shuffle of `run attention` (fixed, so runs are reproducible).
 const SHUFFLE_SEED: u64 = 0x6b76_6174_746e;
@@ -335,6 +336,7 @@ fn attention(args: &AttentionArgs) -> Result<()> {
         seed: SHUFFLE_SEED,
     };
     check_setup(&setup)?;
+    check_outputs(&[("--out", &args.out)], &[("--in", &args.input)])?;
     let bytes = read_file(&args.input)?;
     let file = CaseFile::parse(&bytes, &args.input)?;
     let case = AttentionCase::from_file(&file)?;
@@ -376,8 +378,10 @@ fn attention(args: &AttentionArgs) -> Result<()> {
 /// the GPU encoder through a paged cache, compared with it.
 fn quantize(args: &QuantizeArgs) -> Result<()> {
     let dtype: KvDtype = args.kv_dtype.parse()?;
+    check_outputs(&[("--out", &args.out)], &[("--in", &args.input)])?;
     let bytes = read_file(&args.input)?;
     let file = CaseFile::parse(&bytes, &args.input)?;
+    file.check_names(&["x"], &["scale"])?;
     let x = file.f32("x", 3, "[n, H, d]")?;
     let (n, h, d) = (x.shape[0], x.shape[1], x.shape[2]);
     if n == 0 || h == 0 {

@@ -15,6 +15,7 @@ use kvattn::reference::mla::{MlaBatch, MlaShape};
 use kvattn::Result;
 
 use crate::case::{invalid, read_file, write_atomic, CaseFile, OutTensor};
+use crate::files::check_outputs;
 use crate::run::{adapter_meta, check_block_size, check_encodable, parse_precision};
 
 /// Seed of the free-block shuffle (fixed, so runs are reproducible).
@@ -53,6 +54,18 @@ pub struct MlaRunArgs {
     up_proj_chunk: Option<usize>,
 }
 
+/// The tensors of an MLA case file.
+const MLA_TENSORS: [&str; 8] = [
+    "q_nope",
+    "q_pe",
+    "c_kv",
+    "k_pe",
+    "w_uk",
+    "w_uv",
+    "cu_seqlens_q",
+    "cu_seqlens_k",
+];
+
 /// An MLA problem read from a case file.
 struct MlaCase {
     shape: MlaShape,
@@ -81,6 +94,7 @@ impl MlaCase {
     /// Reads the tensors and metadata and checks that the dimensions agree with each other and
     /// with the offsets (the rest is [`MlaBatch::validate`]).
     fn from_file(f: &CaseFile) -> Result<Self> {
+        f.check_names(&MLA_TENSORS, &["scale", "latent_scale"])?;
         let q_nope = f.f32("q_nope", 3, "[total_q, H, d_nope]")?;
         let q_pe = f.f32("q_pe", 3, "[total_q, H, d_rope]")?;
         let c_kv = f.f32("c_kv", 2, "[total_k, rank]")?;
@@ -159,6 +173,7 @@ pub fn run(args: &MlaRunArgs) -> Result<()> {
     if args.up_proj_chunk == Some(0) {
         return Err(invalid("--up-proj-chunk must be at least 1"));
     }
+    check_outputs(&[("--out", &args.out)], &[("--in", &args.input)])?;
     let bytes = read_file(&args.input)?;
     let file = CaseFile::parse(&bytes, &args.input)?;
     let case = MlaCase::from_file(&file)?;

@@ -12,7 +12,7 @@
 //! scheduler's queue (a failed admission) or are preempted, and that wait is in the TTFT.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kvattn::cache::paged::{PagedKvCache, PoolSize};
@@ -29,13 +29,15 @@ use kvattn::Result;
 
 use crate::case::invalid;
 use crate::columns::{self, Value};
-use crate::files::{check_writable, write_all_or_none};
+use crate::files::{check_outputs, write_all_or_none};
 use crate::plot;
 
 /// The concurrencies swept by default.
 const CONCURRENCY: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 /// Requests whose prompt and output the default cache holds.
 const FIT_REQUESTS: usize = 10;
+/// Longest mean gap between Poisson arrivals, in seconds: `--rate` is at least its reciprocal.
+const MAX_MEAN_GAP_S: f64 = 60.0;
 /// Steps in a row that process nothing before a run is declared stalled.
 const MAX_IDLE_STEPS: usize = 1000;
 
@@ -54,7 +56,8 @@ pub struct ServeBenchArgs {
     /// When requests arrive: all at once, or a Poisson process of --rate requests/s.
     #[arg(long, value_name = "all|poisson", default_value = "all")]
     arrivals: String,
-    /// Requests per second of --arrivals poisson.
+    /// Requests per second of --arrivals poisson: at least 1/60 (a mean gap between arrivals
+    /// of at most a minute).
     #[arg(long, value_name = "R")]
     rate: Option<f64>,
     /// Leading prompt tokens every request shares (exercises prefix caching).
@@ -165,10 +168,13 @@ impl Settings {
                     "--rate sets the Poisson arrival rate: use it with --arrivals poisson",
                 ))
             }
-            ("poisson", Some(r)) if r.is_finite() && r > 0.0 => Arrivals::Poisson(r),
+            ("poisson", Some(r)) if r.is_finite() && r >= 1.0 / MAX_MEAN_GAP_S => {
+                Arrivals::Poisson(r)
+            }
             ("poisson", Some(r)) => {
                 return Err(invalid(format!(
-                    "--rate {r} must be a positive number of requests per second"
+                    "--rate {r:?}: give a finite number of requests per second of at least \
+                     1/{MAX_MEAN_GAP_S} (a mean gap between arrivals of at most {MAX_MEAN_GAP_S} s)"
                 )))
             }
             ("poisson", None) => {
@@ -298,6 +304,12 @@ impl Workload {
     }
 }
 
+/// `seconds` as a [`Duration`] without a panic: NaN and negative as zero, beyond its range as
+/// its maximum.
+fn duration(seconds: f64) -> Duration {
+    Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or(Duration::MAX)
+}
+
 /// One concurrency's results.
 struct Row {
     concurrency: usize,
@@ -375,7 +387,7 @@ fn run_once(
             // Nothing runnable: sleep until the next arrival.
             let wait = w.arrivals[next] - clock();
             if wait > 0.0 {
-                std::thread::sleep(Duration::from_secs_f64(wait));
+                std::thread::sleep(duration(wait));
             }
         } else {
             idle += 1;
@@ -490,12 +502,17 @@ fn table(rows: &[Row]) -> String {
 /// every run completed every request without a failed append.
 pub fn run(args: &ServeBenchArgs) -> Result<()> {
     let s = Settings::new(args)?;
-    if let Some(p) = &args.csv {
-        check_writable("--csv", p)?;
-    }
-    if let Some(p) = &args.svg {
-        check_writable("--svg", p)?;
-    }
+    let outputs: Vec<(&str, &Path)> = [("--csv", &args.csv), ("--svg", &args.svg)]
+        .into_iter()
+        .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
+        .collect();
+    let model: Vec<(&str, &Path)> = args
+        .model
+        .as_deref()
+        .map(|p| ("--model", p))
+        .into_iter()
+        .collect();
+    check_outputs(&outputs, &model)?;
     let toy = toy_config(args.kv_heads.unwrap_or(8));
     if args.model.is_none() {
         toy.validate()
