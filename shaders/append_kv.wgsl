@@ -13,14 +13,16 @@
 //   reciprocal are in `tensor`.
 // One workgroup per (KV head, row entry); its invocations write the row's words.
 //
-// Inputs outside the CPU codec's contract (encode_rows refuses them) get what the codec's own
-// functions give, with the arithmetic of kv_store.wgsl:
-// - int8 (`Int8Scale::for_row` + `encode_int8`): amax ignores NaN; a row holding an infinity gets
-//   scale 0 and every code 0; NaN codes 0.
-// - int4 (`Int4Params::for_group` + `encode_int4`): min/max ignore NaN; NaN codes 0; a group
-//   holding an infinity or values beyond the f16 range gets the f16 scale/min those functions
-//   give (infinite, or NaN from inf - inf: 0xfe00 as on x86), and codes 0 when the scale is not
-//   finite (zero reciprocal), else 0 or 15 where the min overflowed to +inf or -inf.
+// NaN, infinities and f32's extremes are encoded as the CPU codec encodes them (README, "NaN,
+// infinities and extreme values"):
+// - FP8: finite values saturate to +-max (also where x * inv_scale overflows), infinity stays
+//   infinity in E5M2 and becomes NaN in E4M3, NaN stays NaN; a row's dynamic scale is at most
+//   2^(127 - max exponent), so max times the scale is finite.
+// - int8 (`Int8Scale::for_row`): a row holding NaN or an infinity gets the poisoned scale (NaN
+//   bits 0x7fc00000) and every code 0; the scale steps down one f32 where 127 * scale would
+//   overflow.
+// - int4 (`Int4Params::for_group`): a group holding NaN or an infinity, or whose f16 scale or
+//   min is not finite, gets f16 NaN (0x7e00) for both and every code 0.
 
 struct AppendParams {
     num_entries: u32,
@@ -80,10 +82,12 @@ fn encode_word(e0: u32, w: u32) -> u32 {
 fn encode_byte(bits: u32, inv: u32) -> u32 {
     switch DST_DTYPE {
         case KV_FP8_E4M3: {
-            return kv_encode_e4m3(kv_mul_bits(bits, inv));
+            let prod = kv_mul_bits(bits, inv);
+            return kv_fp8_saturate_scaled(bits, prod, kv_encode_e4m3(prod), 0x7eu);
         }
         case KV_FP8_E5M2: {
-            return kv_encode_e5m2(kv_mul_bits(bits, inv));
+            let prod = kv_mul_bits(bits, inv);
+            return kv_fp8_saturate_scaled(bits, prod, kv_encode_e5m2(prod), 0x7bu);
         }
         default: {
             return kv_encode_int8(bits, inv);
@@ -92,14 +96,17 @@ fn encode_byte(bits: u32, inv: u32) -> u32 {
 }
 
 // This invocation's share of the row's amax: the integer max of `bits & 0x7fffffff` over its
-// elements, FP8 over finite values only (`amax_finite_bits`), int8 over non-NaN values (the
-// CPU's `f32::max` fold).
+// elements, FP8 over finite values only (`amax_finite_bits`); for int8 a NaN counts as infinity,
+// so the amax of a row holding either is infinity (the poisoned scale).
 fn partial_amax(e0: u32, lid: u32) -> u32 {
-    let limit = select(0x7f800000u, 0x7f7fffffu, DST_DTYPE != KV_INT8);
     var m = 0u;
     for (var e = lid; e < DIM; e += WG) {
         let a = src_bits(e0 + e) & 0x7fffffffu;
-        m = select(m, max(m, a), a <= limit);
+        if DST_DTYPE == KV_INT8 {
+            m = max(m, min(a, 0x7f800000u));
+        } else if a < 0x7f800000u {
+            m = max(m, a);
+        }
     }
     return m;
 }
@@ -171,24 +178,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             // One invocation per group of 32 values: 4 value words and 1 scale word.
             for (var g = lid; g < DIM / 32u; g += WG) {
                 let g0 = e0 + 32u * g;
-                // Min and max by total order (-0 < +0), NaN ignored, as Int4Params::for_group.
+                // Min and max by total order (-0 < +0), as Int4Params::for_group; a NaN or an
+                // infinity poisons the group.
                 var lo = kv_total_key(0x7f800000u);
                 var hi = kv_total_key(0xff800000u);
+                var finite = true;
                 for (var i = 0u; i < 32u; i++) {
                     let b = src_bits(g0 + i);
-                    if (b & 0x7fffffffu) <= 0x7f800000u {
-                        let k = kv_total_key(b);
-                        lo = min(lo, k);
-                        hi = max(hi, k);
-                    }
+                    finite = finite && (b & 0x7fffffffu) < 0x7f800000u;
+                    let k = kv_total_key(b);
+                    lo = min(lo, k);
+                    hi = max(hi, k);
                 }
-                var min_bits = 0u;
-                var max_bits = 0u;
-                if lo <= hi {
-                    min_bits = kv_total_unkey(lo);
-                    max_bits = kv_total_unkey(hi);
+                var p = vec4<u32>(0x7e00u, 0x7e00u, 0u, 0x7fc00000u);
+                if finite {
+                    p = kv_int4_params(kv_total_unkey(lo), kv_total_unkey(hi));
                 }
-                let p = kv_int4_params(min_bits, max_bits);
                 pool[scale_dst + g] = p.x | (p.y << 16u);
                 for (var w = 0u; w < 4u; w++) {
                     var word = 0u;

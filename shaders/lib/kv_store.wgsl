@@ -283,30 +283,45 @@ fn kv_round_clamp(bits: u32, lo: i32, hi: i32) -> i32 {
 // FP8 (fp8.rs, fp8_scale.rs).
 
 // f32 bits -> an FP8 code with `man_bits` mantissa bits and exponent `bias`: nearest even,
-// saturating to the code `max_code` (infinity included), NaN -> `nan_code | sign` (fp8.rs).
-fn kv_encode_fp8(bits: u32, man_bits: u32, bias: u32, max_code: u32, nan_code: u32) -> u32 {
+// finite values saturating to the code `max_code`, NaN -> `nan_code | sign`, infinity ->
+// `inf_code | sign` (fp8.rs).
+fn kv_encode_fp8(bits: u32, man_bits: u32, bias: u32, max_code: u32, nan_inf: vec2<u32>) -> u32 {
     let sign = (bits >> 24u) & 0x80u;
     let abs = bits & 0x7fffffffu;
     if abs > KV_F32_INF {
-        return nan_code | sign;
+        return nan_inf.x | sign;
+    }
+    if abs == KV_F32_INF {
+        return nan_inf.y | sign;
     }
     return min(kv_round_magnitude(abs, man_bits, bias), max_code) | sign;
 }
 
-// f32 bits -> OCP E4M3 "fn": saturating to +-448, NaN -> 0x7f | sign.
+// f32 bits -> OCP E4M3 "fn": finite values saturating to +-448, NaN and infinity -> 0x7f | sign.
 fn kv_encode_e4m3(bits: u32) -> u32 {
-    return kv_encode_fp8(bits, 3u, 7u, 0x7eu, 0x7fu);
+    return kv_encode_fp8(bits, 3u, 7u, 0x7eu, vec2<u32>(0x7fu, 0x7fu));
 }
 
-// f32 bits -> OCP E5M2: saturating to +-57344, NaN -> 0x7e | sign.
+// f32 bits -> OCP E5M2: finite values saturating to +-57344, infinity -> 0x7c | sign,
+// NaN -> 0x7e | sign.
 fn kv_encode_e5m2(bits: u32) -> u32 {
-    return kv_encode_fp8(bits, 2u, 15u, 0x7bu, 0x7eu);
+    return kv_encode_fp8(bits, 2u, 15u, 0x7bu, vec2<u32>(0x7eu, 0x7cu));
+}
+
+// `Fp8Format::encode_scaled`: the code `code` of the product `prod` = x * inv_scale, except that
+// a finite x whose product overflowed saturates to `max_code | sign`.
+fn kv_fp8_saturate_scaled(bits: u32, prod: u32, code: u32, max_code: u32) -> u32 {
+    if (bits & 0x7fffffffu) < KV_F32_INF && (prod & 0x7fffffffu) == KV_F32_INF {
+        return max_code | ((prod >> 24u) & 0x80u);
+    }
+    return code;
 }
 
 // The exponent k of a row's dynamic FP8 scale 2^k, from the row's `amax_finite_bits` (the
 // integer max of `bits & 0x7fffffff` over its finite values): `fp8_row_scale_exponent` clamped as
-// `Fp8Scale::pow2` does; 0 (scale 1) for amax 0. `max_exp`: 8 for E4M3, 15 for E5M2. The scale's
-// f32 bits are (k + 127) << 23, its reciprocal's (127 - k) << 23.
+// `Fp8Scale::for_row` does (at least -126, at most 127 - max_exp so that max times the scale is
+// finite); 0 (scale 1) for amax 0. `max_exp`: 8 for E4M3, 15 for E5M2. The scale's f32 bits are
+// (k + 127) << 23, its reciprocal's (127 - k) << 23.
 fn kv_fp8_row_scale_exponent(amax: u32, max_exp: i32) -> i32 {
     if amax == 0u {
         return 0;
@@ -319,16 +334,24 @@ fn kv_fp8_row_scale_exponent(amax: u32, max_exp: i32) -> i32 {
         e = i32(p) - 149;
         mant = (amax << (23u - p)) & 0x007fffffu;
     }
-    return clamp(e - max_exp + select(0, 1, mant > 0x00600000u), -126, 127);
+    return clamp(e - max_exp + select(0, 1, mant > 0x00600000u), -126, 127 - max_exp);
 }
 
 // ---------------------------------------------------------------------------------------------
 // int8 (int8.rs).
 
-// `Int8Scale::from_amax` from the bits of amax (non-negative): scale = amax / 127 and its
-// reciprocal 1 / scale as f32 bits, or (0, 0) when the scale is not a positive normal f32.
+// `Int8Scale::from_amax` from the bits of amax (non-negative; infinity or NaN for a row holding a
+// non-finite value): scale = amax / 127 (one f32 step lower where 127 * scale would overflow) and
+// its reciprocal 1 / scale as f32 bits, (0, 0) when the scale is not a positive normal f32, and
+// the poisoned (NaN, 0) for a non-finite amax.
 fn kv_int8_scale(amax: u32) -> vec2<u32> {
-    let s = kv_div_bits(amax, 0x42fe0000u); // 127.0
+    if amax >= KV_F32_INF {
+        return vec2<u32>(0x7fc00000u, 0u);
+    }
+    var s = kv_div_bits(amax, 0x42fe0000u); // 127.0
+    if kv_mul_bits(s, 0x42fe0000u) == KV_F32_INF {
+        s -= 1u;
+    }
     let field = s >> 23u; // the sign bit is 0 for a positive scale
     if field == 0u || field >= 0xffu {
         return vec2<u32>(0u);
@@ -354,15 +377,19 @@ fn kv_total_unkey(key: u32) -> u32 {
     return select(~key, key & 0x7fffffffu, (key & 0x80000000u) != 0u);
 }
 
-// `Int4Params` of a group from its min and max (f32 bits, as `for_group` finds them): x = f16
-// scale bits, y = f16 min bits, z = f32 bits of the reciprocal of the f16 scale (0 when that is
-// 0 or not finite), w = f32 bits of the f16 min.
+// `Int4Params` of a group of finite values from its min and max (f32 bits, as `for_group` finds
+// them): x = f16 scale bits, y = f16 min bits, z = f32 bits of the reciprocal of the f16 scale
+// (0 when that is 0), w = f32 bits of the f16 min; `Int4Params::POISON` (f16 NaN for both,
+// reciprocal 0) when either f16 is not finite.
 fn kv_int4_params(min_bits: u32, max_bits: u32) -> vec4<u32> {
     let scale_h = kv_f32_bits_to_f16(kv_div_bits(kv_sub_bits(max_bits, min_bits), 0x41700000u)); // 15.0
     let min_h = kv_f32_bits_to_f16(min_bits);
+    if (scale_h & 0x7fffu) >= 0x7c00u || (min_h & 0x7fffu) >= 0x7c00u {
+        return vec4<u32>(0x7e00u, 0x7e00u, 0u, 0x7fc00000u);
+    }
     let scale = kv_f16_to_f32_bits(scale_h);
     var inv = 0u;
-    if scale != 0u && scale < KV_F32_INF {
+    if scale != 0u {
         inv = kv_div_bits(KV_F32_ONE, scale);
     }
     return vec4<u32>(scale_h, min_h, inv, kv_f16_to_f32_bits(min_h));

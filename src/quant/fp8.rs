@@ -5,11 +5,14 @@
 //! - E5M2: bias 15, 2 mantissa bits, ±infinity `0x7C`/`0xFC`, NaN `0x7D..=0x7F` (and negatives),
 //!   largest finite 57344 (`0x7B`), smallest subnormal 2^-16.
 //!
-//! Encode rounds to nearest, ties to even, and saturates: every value beyond the largest finite
-//! value, ±infinity included, becomes ±max (vLLM's / CUDA's `SATFINITE`). NaN stays NaN: E4M3 gives
-//! `0x7F | sign`, E5M2 gives the quiet NaN `0x7E | sign` (the top mantissa bit set, as in f16's
-//! quiet NaN `0x7E00`). f32 subnormal inputs give ±0. The encoder uses only integer operations on
-//! `f32::to_bits`, so the WGSL port matches it bit for bit on any GPU.
+//! Encode rounds to nearest, ties to even, and saturates finite values: every finite value beyond
+//! the largest finite one becomes ±max (vLLM's / CUDA's `SATFINITE`). Non-finite values stay
+//! non-finite, so no overflow upstream turns into a plausible number: ±infinity becomes ±infinity
+//! in E5M2 (`0x7C | sign`) and NaN in E4M3, which has no infinity (`0x7F | sign`); NaN stays NaN
+//! (E4M3 `0x7F | sign`, E5M2 the quiet NaN `0x7E | sign`, the top mantissa bit set as in f16's
+//! quiet NaN `0x7E00`). With a scale, [`Fp8Format::encode_scaled`] saturates a finite value whose
+//! scaled product overflows f32. f32 subnormal inputs give ±0. The encoder uses only integer
+//! operations on `f32::to_bits`, so the WGSL port matches it bit for bit on any GPU.
 //!
 //! Decode builds the f32 bits directly (exact); NaN codes decode to the quiet NaN `0x7FC00000`
 //! with the code's sign.
@@ -39,6 +42,20 @@ impl Fp8Format {
         }
     }
 
+    /// Encodes `x * inv_scale`, saturating where a finite `x` overflows f32 when scaled (it is
+    /// beyond the format's range whatever the scale); a non-finite `x` encodes as itself would.
+    pub fn encode_scaled(self, x: f32, inv_scale: f32) -> u8 {
+        let y = x * inv_scale;
+        if x.is_finite() && y.is_infinite() {
+            let max = match self {
+                Fp8Format::E4M3 => 0x7E,
+                Fp8Format::E5M2 => 0x7B,
+            };
+            return max | ((y.to_bits() >> 24) as u8 & 0x80);
+        }
+        self.encode(y)
+    }
+
     /// Decodes a code of this format (see [`decode_e4m3`], [`decode_e5m2`]).
     pub fn decode(self, code: u8) -> f32 {
         match self {
@@ -66,28 +83,31 @@ impl Fp8Format {
 }
 
 /// Encodes `x` with `man_bits` mantissa bits and exponent `bias`: round-to-nearest-even,
-/// saturating to the code `max_code`, NaN -> `nan_code | sign`.
-fn encode_fp8(x: f32, man_bits: u32, bias: u32, max_code: u32, nan_code: u8) -> u8 {
+/// saturating finite values to the code `max_code`, NaN -> `nan_code | sign`, ±infinity ->
+/// `inf_code | sign`.
+fn encode_fp8(x: f32, man_bits: u32, bias: u32, max_code: u32, (nan_code, inf_code): (u8, u8)) -> u8 {
     let bits = x.to_bits();
     let sign = ((bits >> 24) & 0x80) as u8;
     let abs = bits & 0x7FFF_FFFF;
     if abs > 0x7F80_0000 {
         return nan_code | sign;
     }
-    // Infinity (and anything past the largest f32 binade) lands far above `max_code` and
-    // saturates.
+    if abs == 0x7F80_0000 {
+        return inf_code | sign;
+    }
     (round_magnitude(abs, man_bits, bias).min(max_code) as u8) | sign
 }
 
-/// Encodes `x` as OCP E4M3 "fn": round-to-nearest-even, saturating to ±448, NaN -> `0x7F | sign`.
+/// Encodes `x` as OCP E4M3 "fn": round-to-nearest-even, finite values saturating to ±448;
+/// NaN and ±infinity (which the format lacks) -> NaN `0x7F | sign`.
 pub fn encode_e4m3(x: f32) -> u8 {
-    encode_fp8(x, 3, 7, 0x7E, 0x7F)
+    encode_fp8(x, 3, 7, 0x7E, (0x7F, 0x7F))
 }
 
-/// Encodes `x` as OCP E5M2: round-to-nearest-even, saturating to ±57344 (±infinity included),
-/// NaN -> `0x7E | sign`.
+/// Encodes `x` as OCP E5M2: round-to-nearest-even, finite values saturating to ±57344;
+/// ±infinity -> `0x7C | sign`, NaN -> `0x7E | sign`.
 pub fn encode_e5m2(x: f32) -> u8 {
-    encode_fp8(x, 2, 15, 0x7B, 0x7E)
+    encode_fp8(x, 2, 15, 0x7B, (0x7E, 0x7C))
 }
 
 /// Decodes an OCP E4M3 "fn" code (exact). `0x7F`/`0xFF` decode to NaN.

@@ -51,17 +51,26 @@ impl Fp8Scale {
     }
 
     /// The dynamic scale of one token row: `2^ceil(log2(amax / fmt.max_value()))` (see
-    /// [`fp8_row_scale_exponent`]); 1 for a row whose `amax` is 0.
+    /// [`fp8_row_scale_exponent`]), at most `2^(127 - max_exponent)` so that the scale times the
+    /// largest code stays finite (a row reaching f32's extremes saturates at ±max times that
+    /// scale: about ±2.98e38 in E4M3, ±2.92e38 in E5M2, instead of decoding to infinity); 1 for
+    /// a row whose `amax` is 0.
     pub fn for_row(fmt: Fp8Format, row: &[f32]) -> Fp8Scale {
         match fp8_row_scale_exponent(fmt, amax_finite_bits(row)) {
-            Some(k) => Fp8Scale::pow2(k),
+            Some(k) => Fp8Scale::pow2(k.min(max_row_scale_exponent(fmt))),
             None => Fp8Scale::ONE,
         }
     }
 }
 
+/// The largest exponent `k` of a dynamic row scale `2^k` for which `max_value * 2^k` is finite:
+/// `127 - max_exponent` (119 for E4M3, 112 for E5M2; both maxima have the significand 1.75).
+pub fn max_row_scale_exponent(fmt: Fp8Format) -> i32 {
+    127 - fmt.max_exponent()
+}
+
 /// The largest `|x|` over the finite values of `row`, as f32 bits (0 for an empty or all-zero
-/// row). NaN and ±infinity are ignored: they encode to NaN and ±max whatever the scale. Computed
+/// row). NaN and ±infinity are ignored: they encode to NaN or ±infinity whatever the scale. Computed
 /// as an integer maximum of `bits & 0x7FFF_FFFF`, which orders non-negative floats.
 pub fn amax_finite_bits(row: &[f32]) -> u32 {
     row.iter()
@@ -140,8 +149,11 @@ mod tests {
             Fp8Scale::ONE
         );
         assert_eq!(Fp8Scale::for_row(Fp8Format::E5M2, &[]), Fp8Scale::ONE);
+        // Scales stop where the largest code times the scale would overflow f32.
         let s = Fp8Scale::for_row(Fp8Format::E5M2, &[f32::MAX]);
-        assert_eq!(s.scale, 2f32.powi(113));
+        assert_eq!(s.scale, 2f32.powi(112));
+        let s = Fp8Scale::for_row(Fp8Format::E4M3, &[-3.4e38]);
+        assert_eq!(s.scale, 2f32.powi(119));
     }
 
     #[test]

@@ -41,15 +41,33 @@ impl Int4Params {
         }
     }
 
-    /// The parameters of a group: min and max over the group (NaN ignored; an empty or all-NaN
-    /// group is treated as zeros), `scale = (max - min) / 15`, both rounded to f16.
+    /// The parameters of a poisoned group (one holding NaN or ±infinity, or values whose f16
+    /// scale or min would not be finite, |x| beyond about 65504): f16 NaN (`0x7E00`) for both,
+    /// a zero reciprocal, so every code is 0 and every value decodes to NaN.
+    pub const POISON: Int4Params = Int4Params {
+        scale_h: 0x7E00,
+        min_h: 0x7E00,
+        inv_scale: 0.0,
+    };
+
+    /// Whether these are [`Int4Params::POISON`]'s halves.
+    pub fn is_poison(&self) -> bool {
+        self.scale_h == 0x7E00 && self.min_h == 0x7E00
+    }
+
+    /// The parameters of a group: min and max over the group (an empty group is treated as
+    /// zeros), `scale = (max - min) / 15`, both rounded to f16; [`Int4Params::POISON`] when the
+    /// group holds NaN or ±infinity or either f16 is not finite.
     ///
     /// Min and max compare by IEEE total order (`f32::total_cmp`), so `-0.0 < +0.0` and the sign
     /// of a zero min is deterministic (`f32::min` may return either zero); the GPU encoder
     /// compares the same integer keys.
     pub fn for_group(group: &[f32]) -> Int4Params {
+        if group.iter().any(|x| !x.is_finite()) {
+            return Int4Params::POISON;
+        }
         let (mut min, mut max) = (f32::INFINITY, f32::NEG_INFINITY);
-        for &x in group.iter().filter(|x| !x.is_nan()) {
+        for &x in group {
             if x.total_cmp(&min).is_lt() {
                 min = x;
             }
@@ -61,7 +79,12 @@ impl Int4Params {
             (min, max) = (0.0, 0.0);
         }
         let scale = (max - min) / 15.0;
-        Int4Params::from_halves(f32_to_f16_bits(scale), f32_to_f16_bits(min))
+        let p = Int4Params::from_halves(f32_to_f16_bits(scale), f32_to_f16_bits(min));
+        if p.scale().is_finite() && p.min().is_finite() {
+            p
+        } else {
+            Int4Params::POISON
+        }
     }
 
     /// Parameters from a stored scale word (f16 scale in the low half, f16 min in the high half).
@@ -119,12 +142,31 @@ mod tests {
             let p = Int4Params::for_group(&g);
             assert_eq!((p.min_h, p.scale_h), (0x8000, 0), "{g:?}");
         }
-        let p = Int4Params::for_group(&[0.0, f32::NAN, 0.0]);
-        assert_eq!((p.min_h, p.scale_h), (0, 0));
-        let p = Int4Params::for_group(&[f32::NAN, -1.0, 14.0]);
-        assert_eq!((p.min(), p.scale()), (-1.0, 1.0));
-        let p = Int4Params::for_group(&[f32::NAN; 4]);
-        assert_eq!((p.min_h, p.scale_h), (0, 0));
+    }
+
+    #[test]
+    fn groups_outside_f16_or_not_finite_are_poisoned() {
+        for g in [
+            vec![0.0, f32::NAN, 0.0],
+            vec![f32::NAN; 4],
+            vec![1.0, f32::INFINITY],
+            vec![f32::NEG_INFINITY, 1.0],
+            vec![-3.4e38, 1.0],
+            vec![f32::MAX, 0.0],
+            vec![65520.0, 0.0],
+        ] {
+            let p = Int4Params::for_group(&g);
+            assert!(p.is_poison(), "{g:?}");
+            assert_eq!(p.to_word(), 0x7E00_7E00);
+            for &x in &g {
+                assert_eq!(encode_int4(x, &p), 0, "{g:?}");
+            }
+            assert!(decode_int4(0, p.scale(), p.min()).is_nan());
+        }
+        // The f16 range itself is fine.
+        let p = Int4Params::for_group(&[-65504.0, 65504.0]);
+        assert!(!p.is_poison());
+        assert_eq!(decode_int4(0, p.scale(), p.min()), -65504.0);
     }
 
     #[test]

@@ -110,10 +110,14 @@ impl EncodedRows {
 ///
 /// Errors: `UnsupportedHeadDim` for a head dim the format refuses; `ShapeMismatch` when `x.len()`
 /// is not a multiple of `head_dim`; `InvalidArgument` for a scale mode the dtype does not take
-/// (see [`KvDtype::check_scale_mode`]), for non-finite values in int8/int4 input, and for int4
-/// groups whose scale or min overflow f16 (|values| beyond about 65504). FP8 takes any input:
-/// out-of-range values and infinities saturate, NaN stays NaN; a row's dynamic scale ignores
-/// non-finite values.
+/// (see [`KvDtype::check_scale_mode`]). Every value is accepted; what the formats make of NaN,
+/// infinities and f32's extremes (README, "NaN, infinities and extreme values"):
+/// f32 keeps them; f16 and bf16 round finite values past their range to ±infinity and keep
+/// NaN; FP8 saturates finite values to ±max, keeps ±infinity in E5M2 and makes it NaN in E4M3,
+/// keeps NaN, and a row's dynamic scale ignores non-finite values and stays small enough that
+/// max times scale is finite; int8 stores a row holding NaN or ±infinity with a NaN scale
+/// ([`Int8Scale::POISON`]: the whole row reads NaN); int4 does the same per group of 32 for NaN,
+/// ±infinity and values beyond f16's range ([`Int4Params::POISON`]).
 pub fn encode_rows(
     dtype: KvDtype,
     head_dim: usize,
@@ -128,15 +132,6 @@ pub fn encode_rows(
             expected: x.len().div_ceil(head_dim) * head_dim,
             got: x.len(),
         });
-    }
-    if dtype == KvDtype::Int8 || dtype == KvDtype::Int4 {
-        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-            return Err(Error::InvalidArgument(format!(
-                "{dtype} needs finite values; element {i} (row {}) is {}",
-                i / head_dim,
-                x[i]
-            )));
-        }
     }
     let mut scales = Vec::new();
     let words = match dtype {
@@ -156,7 +151,7 @@ pub fn encode_rows(
                     scales.push(s.scale.to_bits());
                     s
                 });
-                codes.extend(row.iter().map(|&v| fmt.encode(v * s.inv_scale)));
+                codes.extend(row.iter().map(|&v| fmt.encode_scaled(v, s.inv_scale)));
             }
             pack_bytes(&codes)
         }
@@ -171,14 +166,8 @@ pub fn encode_rows(
         }
         KvDtype::Int4 => {
             let mut codes = Vec::with_capacity(x.len());
-            for (g, group) in x.chunks(INT4_GROUP).enumerate() {
+            for group in x.chunks(INT4_GROUP) {
                 let p = Int4Params::for_group(group);
-                if !p.scale().is_finite() || !p.min().is_finite() {
-                    return Err(Error::InvalidArgument(format!(
-                        "int4 group {g} (row {}) exceeds the f16 range of its scale and min",
-                        g * INT4_GROUP / head_dim
-                    )));
-                }
                 scales.push(p.to_word());
                 codes.extend(group.iter().map(|&v| encode_int4(v, &p)));
             }

@@ -8,11 +8,9 @@ use kvattn::cache::paged::{AppendBatch, PagedKvCache, PagedKvConfig, PoolSize};
 use kvattn::cache::scales::CacheScales;
 use kvattn::quant::f16::{f16_bits_to_f32, f32_to_f16_bits};
 use kvattn::quant::fp8::{encode_e4m3, encode_e5m2};
-use kvattn::quant::int4::encode_int4;
-use kvattn::quant::int8::encode_int8;
-use kvattn::quant::pack::{pack_bytes, pack_halves, pack_nibbles};
+use kvattn::quant::pack::pack_halves;
 use kvattn::quant::{
-    decode_rows, encode_rows, EncodedRows, Int4Params, Int8Scale, KvDtype, ScaleMode, INT4_GROUP,
+    decode_rows, encode_rows, EncodedRows, KvDtype, ScaleMode, INT4_GROUP,
 };
 
 use crate::common::{gpu, Rng};
@@ -607,18 +605,22 @@ fn quantized_read_f32_matches_cpu_decode() {
     }
 }
 
-/// int8 and int4 input the CPU codec refuses (NaN, infinities, int4 values beyond the f16
-/// range): the GPU writes what the codec's own functions give (see `append_kv`'s docs).
+/// NaN, infinities and values at f32's extremes, appended on the GPU in every format: the
+/// stored words and scales equal the CPU codec's (`encode_rows`, which takes every value), and
+/// the per-format rules hold (README, "NaN, infinities and extreme values"): int8 rows and
+/// int4 groups holding a non-finite value, or int4 values beyond f16's range, are poisoned
+/// (NaN scale, codes 0: they read NaN); FP8 rows at f32's extremes read finite values.
 #[test]
-fn int8_int4_out_of_contract_input_follows_cpu_functions() {
+fn non_finite_and_extreme_input_matches_the_cpu_codec() {
     let ctx = gpu();
     let mut rng = Rng::new(7);
     let d = 64;
     let specials = [f32::NAN, -f32::NAN, f32::INFINITY, -f32::INFINITY];
     // Row r: Gaussian values with a few specials (row 0: NaN only; row 1: an infinity too;
-    // rows 2, 3: int4 groups beyond the f16 range; row 4: one group of +infinity only).
+    // rows 2, 3: int4 groups beyond the f16 range; row 4: one group of +infinity only; row 5:
+    // f32's extremes, finite; rows 6, 7: random specials).
     let mut x = Vec::new();
-    for r in 0..6 {
+    for r in 0..8 {
         let mut v = rng.normals(d, 3.0);
         match r {
             0 => v[5] = f32::NAN,
@@ -629,6 +631,11 @@ fn int8_int4_out_of_contract_input_follows_cpu_functions() {
             2 => v.iter_mut().for_each(|x| *x = *x * 1e4 + 70000.0),
             3 => v[..32].iter_mut().for_each(|x| *x -= 70000.0),
             4 => v[32..].iter_mut().for_each(|x| *x = f32::INFINITY),
+            5 => {
+                v[0] = -3.4e38;
+                v[1] = f32::MAX;
+                v[2] = -f32::MAX;
+            }
             _ => {
                 for _ in 0..6 {
                     let i = (rng.next_u64() % d as u64) as usize;
@@ -638,43 +645,65 @@ fn int8_int4_out_of_contract_input_follows_cpu_functions() {
         }
         x.extend(v);
     }
-    let int8 = per_row(KvDtype::Int8, d);
-    let int4 = per_row(KvDtype::Int4, d);
-    let mut cache = new_cache(&int8, &int4, 1, 16, 70);
-    cache.add_sequence(0, &[]).unwrap();
-    let tokens: Vec<u32> = (0..6).collect();
-    cache
-        .append_host(ctx, 0, &tokens, &[x.clone()], &[x.clone()])
-        .unwrap();
-    let (k, v) = cache.read_rows(ctx, 0, 0).unwrap();
-
-    // int8: Int8Scale::for_row + encode_int8.
-    let mut codes = Vec::new();
-    let mut scales = Vec::new();
-    for r in x.chunks(d) {
-        let s = Int8Scale::for_row(r);
-        scales.push(s.scale.to_bits());
-        codes.extend(r.iter().map(|&v| encode_int8(v, s) as u8));
-    }
-    assert_eq!(k.words, pack_bytes(&codes), "int8 codes");
-    assert_eq!(k.scales, scales, "int8 scales");
-    assert_eq!(k.scales[1], 0, "an infinity makes the int8 scale 0");
-
-    // int4: Int4Params::for_group + encode_int4. The all-infinity group's scale is inf - inf,
-    // a NaN whose sign depends on the host CPU: only its NaN-ness is compared.
-    let mut codes = Vec::new();
-    for (g, group) in x.chunks(INT4_GROUP).enumerate() {
-        let p = Int4Params::for_group(group);
-        let word = v.scales[g];
-        if g == 9 {
-            assert!((word & 0x7FFF) > 0x7C00, "scale of +inf - +inf: {word:08x}");
-            assert_eq!(word >> 16, 0x7C00, "min of an all-infinity group");
-        } else {
-            assert_eq!(word, p.to_word(), "int4 group {g} scale word");
+    let tokens: Vec<u32> = (0..8).collect();
+    let formats = [
+        (per_row(KvDtype::Int8, d), per_row(KvDtype::Int4, d)),
+        (per_row(KvDtype::Fp8E4M3, d), per_row(KvDtype::Fp8E5M2, d)),
+        (per_row(KvDtype::F16, d), per_row(KvDtype::Bf16, d)),
+    ];
+    for (i, (kt, vt)) in formats.iter().enumerate() {
+        let mut cache = new_cache(kt, vt, 1, 16, 70 + i as u64);
+        cache.add_sequence(0, &[]).unwrap();
+        cache
+            .append_host(ctx, 0, &tokens, &[x.clone()], &[x.clone()])
+            .unwrap();
+        let (k, v) = cache.read_rows(ctx, 0, 0).unwrap();
+        for (t, got) in [(kt, &k), (vt, &v)] {
+            let want = encode_rows(t.dtype, d, &x, t.mode()).unwrap();
+            assert_eq!(got.words, want.words, "{} words", t.dtype);
+            assert_eq!(got.scales, want.scales, "{} scales", t.dtype);
+            let back = decode_rows(got).unwrap();
+            let row = |r: usize| &back[r * d..(r + 1) * d];
+            match t.dtype {
+                KvDtype::Int8 => {
+                    for r in [0, 1, 4, 6, 7] {
+                        assert_eq!(got.scales[r], 0x7FC0_0000, "int8 row {r} poisoned");
+                        assert!(row(r).iter().all(|x| x.is_nan()), "int8 row {r}");
+                    }
+                    assert!(row(5).iter().all(|x| x.is_finite()), "int8 extremes");
+                    assert!(row(5)[0] < -3.0e38 && row(5)[1] > 3.0e38);
+                }
+                KvDtype::Int4 => {
+                    // Groups (two per row): NaN in group 0 of row 0, infinity in group 1 of
+                    // row 1, a min beyond f16 in group 0 of row 3, +inf in group 1 of row 4,
+                    // f32's extremes in group 0 of row 5. (Row 2's groups are poisoned only
+                    // where their min leaves f16; the words above match the CPU either way.)
+                    for g in [0, 3, 6, 9, 10] {
+                        assert_eq!(got.scales[g], 0x7E00_7E00, "int4 group {g} poisoned");
+                        assert!(back[g * 32..][..32].iter().all(|x| x.is_nan()), "group {g}");
+                    }
+                    assert!(back[32..64].iter().all(|x| x.is_finite()));
+                }
+                KvDtype::Fp8E4M3 | KvDtype::Fp8E5M2 => {
+                    assert!(row(5).iter().all(|x| x.is_finite()), "{} extremes", t.dtype);
+                    assert!(row(5)[0] < -2.9e38 && row(5)[1] > 2.9e38, "{}", t.dtype);
+                    assert!(row(0)[5].is_nan() && row(0)[4].is_finite());
+                    let inf = row(1)[40];
+                    if t.dtype == KvDtype::Fp8E5M2 {
+                        assert_eq!(inf, f32::INFINITY);
+                    } else {
+                        assert!(inf.is_nan(), "E4M3 has no infinity: {inf}");
+                    }
+                }
+                _ => {
+                    // f16 and bf16: f32's extremes overflow to infinity, NaN stays NaN.
+                    assert_eq!(row(5)[0], f32::NEG_INFINITY, "{}", t.dtype);
+                    assert_eq!(row(5)[1], f32::INFINITY, "{}", t.dtype);
+                    assert!(row(0)[5].is_nan() && row(1)[40] == f32::INFINITY);
+                }
+            }
         }
-        codes.extend(group.iter().map(|&v| encode_int4(v, &p)));
     }
-    assert_eq!(v.words, pack_nibbles(&codes), "int4 codes");
 }
 
 // ------------------------------------------------------------------------------------------
