@@ -7,11 +7,18 @@
 //! U32 `[len, Hkv, scale words per row]`. The metadata header records everything needed to refuse
 //! a mismatch: [`FORMAT_VERSION`], `k_dtype`, `v_dtype`, `k_scales`/`v_scales` ("per-row", or
 //! "per-tensor:" and each layer's scale bits: codes mean nothing under another scale), `block_size`,
-//! `layers`, `kv_heads`, `head_dim_k`, `head_dim_v`, `model_id`, `kernel_revision`, `tokens`.
+//! `layers`, `kv_heads`, `head_dim_k`, `head_dim_v`, `model_id`, `kernel_revision`, `tokens`, and
+//! `crc32`: a CRC-32 (IEEE), as 8 lowercase hex digits, of every other header field (in key
+//! order, each as key, a zero byte, value, a zero byte) and then of every tensor (in name order,
+//! each as its name, a zero byte, its shape as little-endian u64s and its data bytes). It does
+//! not depend on how safetensors lays the file out.
 //!
-//! Import checks every field against the cache (the block size alone may differ: rows are
-//! re-laid into the importing cache's blocks, which changes no byte of any row) and never
-//! reinterprets bytes of another layout.
+//! Import checks the version, then every field against the cache (the block size alone may
+//! differ: rows are re-laid into the importing cache's blocks, which changes no byte of any
+//! row), then the checksum: a snapshot with any bit flipped, in the payload or in a header field
+//! not otherwise checked, is refused as corrupt, never imported as different KV. It never
+//! reinterprets bytes of another layout. Version 1 snapshots, which had no checksum, are refused:
+//! export them again from a cache that holds them.
 
 use std::collections::HashMap;
 
@@ -23,8 +30,40 @@ use super::paged::PagedKvCache;
 use crate::gpu::Context;
 use crate::{Error, Result};
 
-/// Version of the snapshot format written here.
-pub const FORMAT_VERSION: &str = "1";
+/// Version of the snapshot format written here, and the only one read: version 2 added the
+/// `crc32` header field.
+pub const FORMAT_VERSION: &str = "2";
+
+/// The header key holding the checksum.
+const CHECKSUM_KEY: &str = "crc32";
+
+/// CRC-32 of the header fields `meta` but [`CHECKSUM_KEY`], in key order, then of the tensors
+/// `(name, shape, data)`, in name order.
+fn checksum<'a>(
+    meta: &HashMap<String, String>,
+    tensors: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8])>,
+) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    let mut fields: Vec<_> = meta.iter().filter(|(k, _)| *k != CHECKSUM_KEY).collect();
+    fields.sort_unstable();
+    for (key, value) in fields {
+        for part in [key, value] {
+            hasher.update(part.as_bytes());
+            hasher.update(&[0]);
+        }
+    }
+    let mut tensors: Vec<_> = tensors.into_iter().collect();
+    tensors.sort_unstable_by_key(|&(name, _, _)| name);
+    for (name, shape, data) in tensors {
+        hasher.update(name.as_bytes());
+        hasher.update(&[0]);
+        for &d in shape {
+            hasher.update(&(d as u64).to_le_bytes());
+        }
+        hasher.update(data);
+    }
+    hasher.finalize()
+}
 
 /// Revision of the pool byte layout (row packing, block layout). Bumped whenever stored bytes
 /// would mean something else; snapshots of another revision are refused.
@@ -101,19 +140,52 @@ impl PagedKvCache {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        safetensors::serialize(views, Some(header(self, len))).map_err(st_err)
+        let mut meta = header(self, len);
+        let crc = checksum(
+            &meta,
+            owned
+                .iter()
+                .map(|(name, shape, data)| (name.as_str(), shape.as_slice(), data.as_slice())),
+        );
+        meta.insert(CHECKSUM_KEY.into(), format!("{crc:08x}"));
+        safetensors::serialize(views, Some(meta)).map_err(st_err)
     }
 
-    /// Imports a snapshot as a new sequence `seq`. Refuses (with [`Error::Snapshot`]) any
-    /// header that differs from this cache's own (block size excepted), and any tensor of the
-    /// wrong dtype or shape; on error the cache is unchanged.
+    /// Imports a snapshot as a new sequence `seq`. Refuses with [`Error::Snapshot`] a file that
+    /// is not a snapshot, one of another format version, one whose contents do not match its
+    /// checksum (corrupt), any header that differs from this cache's own (block size excepted),
+    /// and any tensor of the wrong dtype or shape; [`Error::SequenceExists`] when `seq` is taken
+    /// and [`Error::OutOfBlocks`] when the cache lacks room. On any error the cache is unchanged.
     pub fn import_snapshot(&mut self, ctx: &Context, seq: SeqId, bytes: &[u8]) -> Result<()> {
+        if self.allocator().contains(seq) {
+            return Err(Error::SequenceExists(seq));
+        }
         let st = SafeTensors::deserialize(bytes).map_err(st_err)?;
         let (_, meta) = SafeTensors::read_metadata(bytes).map_err(st_err)?;
         let found = meta
             .metadata()
             .clone()
             .ok_or_else(|| Error::Snapshot("no metadata header: not a kvattn snapshot".into()))?;
+        match found.get("format_version").map(String::as_str) {
+            Some(FORMAT_VERSION) => {}
+            Some("1") => {
+                return Err(Error::Snapshot(format!(
+                    "format version 1 (no checksum) is no longer read; export the \
+                     sequence again to get version {FORMAT_VERSION}"
+                )))
+            }
+            Some(other) => {
+                return Err(Error::Snapshot(format!(
+                    "format version {other:?} is not supported (this build reads version \
+                     {FORMAT_VERSION})"
+                )))
+            }
+            None => {
+                return Err(Error::Snapshot(
+                    "header lacks format_version: not a kvattn snapshot".into(),
+                ))
+            }
+        }
         let len: usize = found
             .get("tokens")
             .and_then(|t| t.parse().ok())
@@ -131,6 +203,20 @@ impl PagedKvCache {
                 }
                 None => return Err(Error::Snapshot(format!("header lacks {key}"))),
             }
+        }
+        let want_crc = found
+            .get(CHECKSUM_KEY)
+            .ok_or_else(|| Error::Snapshot(format!("header lacks {CHECKSUM_KEY}")))?;
+        let views: Vec<_> = st.iter().collect();
+        let got_crc = checksum(
+            &found,
+            views.iter().map(|(name, t)| (*name, t.shape(), t.data())),
+        );
+        if *want_crc != format!("{got_crc:08x}") {
+            return Err(Error::Snapshot(format!(
+                "checksum does not match: the header says {want_crc:?}, the contents hash to \
+                 \"{got_crc:08x}\"; the snapshot is corrupt"
+            )));
         }
         let c = self.config().clone();
         let tensor = |name: &str, shape: Vec<usize>| -> Result<Vec<u32>> {
@@ -171,6 +257,11 @@ impl PagedKvCache {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        self.insert_rows(ctx, seq, &tokens, &rows)
+        let inserted = self.insert_rows(ctx, seq, &tokens, &rows);
+        if inserted.is_err() && self.allocator().contains(seq) {
+            // A GPU write failed after the blocks were taken: give them back.
+            self.free(seq)?;
+        }
+        inserted
     }
 }

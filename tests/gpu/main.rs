@@ -17,4 +17,5 @@ mod paged;
 mod paged_attention;
 mod rope;
 mod serve;
+mod snapshot;
 mod strided_copy;
