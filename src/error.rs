@@ -26,9 +26,18 @@ pub enum Error {
         /// The validator's message.
         message: String,
     },
-    /// A GPU operation failed after dispatch (device lost, out of memory, mapping failure).
+    /// wgpu reported a validation or internal error, or a mapping or readback failed. The
+    /// message names the operation and carries wgpu's description.
     #[error("GPU error: {0}")]
     Gpu(String),
+    /// The device ran out of memory while the named operation created or used a resource.
+    /// Nothing that operation returned exists; smaller requests may still succeed.
+    #[error("GPU out of memory: {0}")]
+    OutOfMemory(String),
+    /// The device is lost (driver reset, GPU removed, or `device.destroy()` called). Every later
+    /// call on the same [`Context`](crate::gpu::Context) fails with this error; open a new one.
+    #[error("GPU device lost: {0}; open a new Context")]
+    DeviceLost(String),
     /// The kernel needs an adapter feature this device does not have.
     #[error("this adapter lacks the feature {0}")]
     MissingFeature(&'static str),

@@ -64,8 +64,8 @@ impl Context {
         Ok(module)
     }
 
-    /// Compiles WGSL `source` under a validation error scope: invalid WGSL returns
-    /// [`Error::Shader`] naming `name`, never a panic.
+    /// Compiles WGSL `source` under error scopes: invalid WGSL returns [`Error::Shader`] naming
+    /// `name`, never a panic ([`Error::OutOfMemory`] and [`Error::DeviceLost`] pass through).
     pub fn compile_wgsl(&self, name: &str, source: &str) -> Result<wgpu::ShaderModule> {
         self.scoped(name, || {
             self.device
@@ -74,9 +74,12 @@ impl Context {
                     source: wgpu::ShaderSource::Wgsl(source.into()),
                 })
         })
-        .map_err(|e| Error::Shader {
-            name: name.to_string(),
-            message: e.to_string(),
+        .map_err(|e| match e {
+            Error::Gpu(message) => Error::Shader {
+                name: name.to_string(),
+                message,
+            },
+            other => other,
         })
     }
 
@@ -110,21 +113,29 @@ impl Context {
                         cache: None,
                     })
             })
-            .map_err(|e| Error::Shader {
-                name: format!("{name} {constants:?}"),
-                message: e.to_string(),
+            .map_err(|e| match e {
+                Error::Gpu(message) => Error::Shader {
+                    name: format!("{name} {constants:?}"),
+                    message,
+                },
+                other => other,
             })?;
-        let pipeline = Arc::new(pipeline);
-        self.pipelines
+        // Another thread may have built the same pipeline meanwhile: keep the first, so every
+        // caller shares one.
+        let pipeline = self
+            .pipelines
             .pipelines
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(key.clone(), pipeline.clone());
+            .entry(key.clone())
+            .or_insert_with(|| Arc::new(pipeline))
+            .clone();
         Ok(pipeline)
     }
 
     /// Binds `buffers` to bindings 0, 1, ... of group 0 (layout taken from the shader), records
-    /// one dispatch of `workgroups` and submits it. wgpu errors become [`Error::Gpu`].
+    /// one dispatch of `workgroups` and submits it. wgpu errors become [`Error::Gpu`] (or
+    /// [`Error::OutOfMemory`], [`Error::DeviceLost`]).
     pub fn dispatch(
         &self,
         pipeline: &wgpu::ComputePipeline,

@@ -1,5 +1,7 @@
 //! Adapter choice, device creation and what the device can do.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use crate::pipeline::PipelineCache;
 use crate::{Error, Result};
 
@@ -132,7 +134,19 @@ impl Capabilities {
 }
 
 /// A device on one adapter, with its queue, capabilities and pipeline cache. Cheap to share by
-/// reference; every kernel call takes `&Context`.
+/// reference; every kernel call takes `&Context`, and one context may be used from several
+/// threads at once (it is `Send + Sync` on native targets).
+///
+/// # GPU errors
+/// wgpu's own default turns every error it raises into a panic. A context instead creates
+/// buffers, records work and submits it inside error scopes ([`Context::scoped`]), so a
+/// validation error, out-of-memory or internal error of a call comes back from that call as
+/// [`Error::Gpu`] or [`Error::OutOfMemory`]. Errors wgpu raises outside any scope (work recorded
+/// on [`Context::device`] directly, or a uniform buffer that could not be created) are recorded
+/// by a device-wide handler, and the next [`Context::wait`] or [`Context::read_back`] on any
+/// thread returns the first of them. When the device is lost (or destroyed with
+/// `device.destroy()`), every later call returns [`Error::DeviceLost`]; a destroyed device is
+/// noticed at the next wait, readback or upload.
 pub struct Context {
     /// The wgpu device.
     pub device: wgpu::Device,
@@ -142,6 +156,67 @@ pub struct Context {
     caps: Capabilities,
     pub(crate) pipelines: PipelineCache,
     pub(crate) clock: super::timing::PassClock,
+    health: Arc<DeviceHealth>,
+}
+
+/// What wgpu reported outside kvattn's error scopes, shared with the device's callbacks: device
+/// loss (kept: every later call fails) and the first uncaptured error (reported once).
+#[derive(Default)]
+struct DeviceHealth {
+    lost: Mutex<Option<String>>,
+    uncaptured: Mutex<Option<Uncaptured>>,
+}
+
+/// The first uncaptured error since it was last reported (as the crate's error: plain strings,
+/// so the handler is `Send + Sync` on every target), and how many followed it.
+struct Uncaptured {
+    error: Error,
+    more: usize,
+}
+
+impl DeviceHealth {
+    fn lose(&self, message: String) {
+        let mut lost = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
+        lost.get_or_insert(message);
+    }
+
+    fn lost(&self) -> Option<String> {
+        self.lost
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn record(&self, error: wgpu::Error) {
+        let mut pending = self
+            .uncaptured
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match pending.as_mut() {
+            Some(first) => first.more += 1,
+            None => {
+                *pending = Some(Uncaptured {
+                    error: gpu_error("outside any error scope", error),
+                    more: 0,
+                })
+            }
+        }
+    }
+
+    fn take(&self) -> Option<Uncaptured> {
+        self.uncaptured
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+/// A wgpu error raised while doing `what`, as the crate's error.
+fn gpu_error(what: &str, error: wgpu::Error) -> Error {
+    match error {
+        wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory(what.to_string()),
+        other => Error::Gpu(format!("{what}: {other}")),
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -277,6 +352,14 @@ impl Context {
                 adapter: info.name.clone(),
                 message: e.to_string(),
             })?;
+        // Replace wgpu's panicking default handler and note loss, before anything can fail.
+        let health = Arc::new(DeviceHealth::default());
+        let recorder = Arc::clone(&health);
+        device.on_uncaptured_error(Arc::new(move |e| recorder.record(e)));
+        let recorder = Arc::clone(&health);
+        device.set_device_lost_callback(move |reason, message| {
+            recorder.lose(format!("{reason:?}: {message}"));
+        });
         let subgroups = features.contains(wgpu::Features::SUBGROUP);
         let attention_kernel = match opts.attention_kernel {
             Some(kernel) => kernel,
@@ -314,6 +397,7 @@ impl Context {
             caps,
             pipelines: PipelineCache::default(),
             clock: Default::default(),
+            health,
         })
     }
 
@@ -327,17 +411,96 @@ impl Context {
         &self.caps
     }
 
-    /// Runs `f` inside validation and out-of-memory error scopes; a wgpu error raised by what
-    /// `f` records becomes [`Error::Gpu`] instead of a panic in wgpu's default handler.
+    /// Runs `f` inside validation, out-of-memory and internal error scopes: a wgpu error raised
+    /// by what `f` records on this thread becomes [`Error::Gpu`] or [`Error::OutOfMemory`]
+    /// (naming `what`) instead of a panic in wgpu's default handler. Fails with
+    /// [`Error::DeviceLost`] without running `f` when the device is known to be lost, and after
+    /// it when the device was lost meanwhile (an error in the scope waits for the queue to find
+    /// out whether the device is lost).
     pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T> {
+        self.check_lost()?;
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let value = f();
         let validation = pollster::block_on(validation.pop());
         let oom = pollster::block_on(oom.pop());
-        match validation.or(oom) {
-            Some(e) => Err(Error::Gpu(format!("{what}: {e}"))),
+        let internal = pollster::block_on(internal.pop());
+        self.check_lost()?;
+        match validation.or(oom).or(internal) {
+            // Objects of a lost device are invalid: report the cause, not the symptom.
+            Some(e) => Err(self.lost_or(gpu_error(what, e))),
             None => Ok(value),
         }
     }
+
+    /// [`Error::DeviceLost`] once the device is known to be lost.
+    pub(crate) fn check_lost(&self) -> Result<()> {
+        match self.health.lost() {
+            Some(message) => Err(Error::DeviceLost(message)),
+            None => Ok(()),
+        }
+    }
+
+    /// The first error wgpu raised outside any error scope since the last call, if any.
+    pub(crate) fn take_uncaptured(&self) -> Result<()> {
+        match self.health.take() {
+            None => Ok(()),
+            Some(Uncaptured { error, more: 0 }) => Err(error),
+            Some(Uncaptured { error, more }) => Err(match error {
+                Error::Gpu(m) => Error::Gpu(format!("{m} (and {more} more)")),
+                Error::OutOfMemory(m) => Error::OutOfMemory(format!("{m} (and {more} more)")),
+                other => other,
+            }),
+        }
+    }
+
+    /// Polls the device. wgpu panics (rather than returning an error) when the driver reports the
+    /// device lost or out of memory during a poll; that panic is caught here and the device is
+    /// marked lost, so this returns [`Error::DeviceLost`] (wgpu's panic message is still printed
+    /// by the panic hook, and nothing is caught under `panic = "abort"`).
+    pub(crate) fn poll(&self, poll: wgpu::PollType) -> Result<wgpu::PollStatus> {
+        let polled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.device.poll(poll)));
+        match polled {
+            Ok(Ok(status)) => {
+                self.check_lost()?;
+                Ok(status)
+            }
+            Ok(Err(e)) => {
+                self.check_lost()?;
+                Err(Error::Gpu(format!("waiting for the device: {e}")))
+            }
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "wgpu panicked while polling the device".into());
+                self.health.lose(message);
+                self.check_lost().map(|()| wgpu::PollStatus::QueueEmpty)
+            }
+        }
+    }
+
+    /// After a wgpu call failed in a way that may mean the device is gone: [`Error::DeviceLost`]
+    /// if it is lost, else `error`. A destroyed device is only reported lost once its queue is
+    /// idle, so this waits for the queue (on this failure path only).
+    pub(crate) fn lost_or(&self, error: Error) -> Error {
+        let waited = self
+            .check_lost()
+            .and_then(|()| self.poll(wgpu::PollType::wait_indefinitely()))
+            .and_then(|_| self.check_lost());
+        match waited {
+            Err(lost @ Error::DeviceLost(_)) => lost,
+            _ => error,
+        }
+    }
 }
+
+#[cfg(not(target_arch = "wasm32"))]
+const _: () = {
+    // One context serves several threads at once (see tests/gpu/threads.rs).
+    fn assert_send_sync<T: Send + Sync>() {}
+    let _ = assert_send_sync::<Context>;
+};

@@ -74,16 +74,22 @@ impl Context {
     /// compute pass to the end of the last where the adapter has them and `f` recorded at most
     /// 1,024 passes, else on the wall clock around `f` and the queue sync.
     ///
+    /// The recorder is the context's: passes other threads record on the same context while
+    /// `f` runs are timed with it.
+    ///
     /// # Errors
-    /// What `f` returns, and [`Error::Gpu`] when waiting or reading the timestamps fails.
+    /// What `f` returns, and [`Error::Gpu`] (or [`Error::OutOfMemory`], [`Error::DeviceLost`])
+    /// when creating the queries, waiting or reading the timestamps fails.
     pub fn timed<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(T, Timing)> {
         self.wait()?;
         if self.caps().timestamps {
-            let set = self.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("kvattn timing"),
-                ty: wgpu::QueryType::Timestamp,
-                count: 2 * MAX_TIMED_PASSES,
-            });
+            let set = self.scoped("timestamp queries", || {
+                self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("kvattn timing"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: 2 * MAX_TIMED_PASSES,
+                })
+            })?;
             *self.lock_clock() = Some(Recorder { set, next: 0 });
         }
         let start = Instant::now();
@@ -126,18 +132,19 @@ impl Context {
     /// Seconds from the earliest to the latest of the first `queries` timestamps of `set`.
     fn timestamp_span(&self, set: &wgpu::QuerySet, queries: u32) -> Result<f64> {
         let bytes = u64::from(queries) * wgpu::QUERY_SIZE as u64;
-        let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kvattn timestamps"),
-            size: bytes,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        self.scoped("resolving timestamps", || {
+        let resolve = self.scoped("resolving timestamps", || {
+            let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kvattn timestamps"),
+                size: bytes,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
             let mut encoder = self
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
             encoder.resolve_query_set(set, 0..queries, &resolve, 0);
             self.queue.submit([encoder.finish()]);
+            resolve
         })?;
         let words: Vec<u32> = self.read_back(&resolve, 2 * queries as usize)?;
         let ticks: Vec<u64> = words

@@ -10,6 +10,7 @@ mod context;
 mod decode;
 mod decoder;
 mod decoder_ops;
+mod gpu_errors;
 mod head_matmul;
 mod kv_load;
 mod mla;
