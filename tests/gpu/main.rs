@@ -20,3 +20,4 @@ mod rope;
 mod serve;
 mod snapshot;
 mod strided_copy;
+mod threads;
