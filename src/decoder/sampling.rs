@@ -48,23 +48,44 @@ impl Sampling {
     }
 }
 
-/// The index of the largest logit (the lowest on ties; NaN never wins). Errors on empty
-/// logits or when every logit is NaN.
+/// Checks that `logits` can be sampled from: not empty, and no NaN or +inf (the softmax of such
+/// logits is NaN, as in PyTorch; a forward pass that produced one is broken, and picking a
+/// token anyway would hide it). -inf is a token that can never be chosen.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the first offending token id.
+pub fn check_logits(logits: &[f32]) -> Result<()> {
+    if logits.is_empty() {
+        return Err(Error::InvalidArgument("no logits to choose from".into()));
+    }
+    if let Some(i) = logits
+        .iter()
+        .position(|x| x.is_nan() || *x == f32::INFINITY)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "logit of token {i} is {}: the forward pass produced a non-finite value",
+            logits[i]
+        )));
+    }
+    Ok(())
+}
+
+/// The index of the largest logit (the lowest on ties). Errors as [`check_logits`] (NaN or +inf
+/// anywhere, or no logits), and when every logit is -inf.
 pub fn argmax(logits: &[f32]) -> Result<u32> {
+    check_logits(logits)?;
     let mut best: Option<(usize, f32)> = None;
     for (i, &x) in logits.iter().enumerate() {
-        if x.is_nan() {
-            continue;
-        }
         if best.is_none_or(|(_, b)| x > b) {
             best = Some((i, x));
         }
     }
-    best.map(|(i, _)| i as u32).ok_or_else(|| {
-        Error::InvalidArgument(
-            "no finite-or-infinite logit to choose from (all NaN or empty)".into(),
-        )
-    })
+    match best {
+        Some((i, x)) if x > f32::NEG_INFINITY => Ok(i as u32),
+        _ => Err(Error::InvalidArgument(
+            "every logit is -inf: no token can be chosen".into(),
+        )),
+    }
 }
 
 /// A sampler: [`Sampling`] plus its random state (SplitMix64).
@@ -89,7 +110,10 @@ impl Sampler {
         if self.cfg.temperature == 0.0 {
             return argmax(logits);
         }
-        let mut ids: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
+        check_logits(logits)?;
+        let mut ids: Vec<usize> = (0..logits.len())
+            .filter(|&i| logits[i] > f32::NEG_INFINITY)
+            .collect();
         if ids.is_empty() {
             return argmax(logits);
         }
@@ -139,17 +163,33 @@ mod tests {
     #[test]
     fn greedy_takes_the_largest_and_the_lowest_id_on_ties() {
         assert_eq!(argmax(&[0.1, 3.0, -1.0, 3.0]).unwrap(), 1);
-        assert_eq!(argmax(&[f32::NAN, -5.0, f32::NAN]).unwrap(), 1);
-        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY]).unwrap(), 0);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, -5.0]).unwrap(), 1);
+        assert!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY]).is_err());
         assert!(argmax(&[]).is_err());
-        assert!(argmax(&[f32::NAN]).is_err());
         let mut s = Sampler::new(Sampling::default()).unwrap();
         assert_eq!(s.sample(&[0.0, 2.0, 1.0]).unwrap(), 1);
     }
 
     #[test]
+    fn nan_or_positive_infinity_in_logits_is_an_error_never_a_token() {
+        let greedy = Sampling::default();
+        let warm = Sampling {
+            temperature: 0.7,
+            top_k: 3,
+            ..greedy
+        };
+        for cfg in [greedy, warm] {
+            let mut s = Sampler::new(cfg).unwrap();
+            for bad in [f32::NAN, -f32::NAN, f32::INFINITY] {
+                let err = s.sample(&[0.5, bad, 9.0]).unwrap_err();
+                assert!(err.to_string().contains("token 1"), "{err}");
+            }
+        }
+    }
+
+    #[test]
     fn sampling_follows_the_distribution_and_the_seed() {
-        let logits = [0.0f32, (2.0f32).ln(), f32::NAN, f32::NEG_INFINITY];
+        let logits = [0.0f32, (2.0f32).ln(), -1.0e9, f32::NEG_INFINITY];
         let cfg = Sampling {
             temperature: 1.0,
             seed: 7,
@@ -161,7 +201,7 @@ mod tests {
         for _ in 0..n {
             counts[s.sample(&logits).unwrap() as usize] += 1;
         }
-        // p = 1/3, 2/3; never the NaN or -inf one.
+        // p = 1/3, 2/3; never the -1e9 or -inf one.
         assert_eq!(counts[2] + counts[3], 0);
         let p1 = counts[1] as f64 / n as f64;
         assert!((p1 - 2.0 / 3.0).abs() < 0.02, "{p1}");
