@@ -1,5 +1,6 @@
 // merge: combine the partial states (o, lse) of a row's work items, in key order, into its
-// output; sinks join the denominator here, once. Also serves cascade attention (a shared-prefix
+// output; sinks join the denominator here, once. A partial whose lse is NaN (a poisoned row,
+// softmax.wgsl) makes the row's output and lse NaN. Also serves cascade attention (a shared-prefix
 // pass merged with per-sequence passes).
 //
 // A workgroup serves one (tile, KV head): tiles[tile] = (first query token, first row, rows,
@@ -48,17 +49,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let c = e % dv4;
         let r = row0 + t;
         let h = kv_head * GROUP + r % GROUP;
+        // A partial with lse NaN poisoned the row; one with lse -inf saw no key and
+        // contributes nothing (bit tests: softmax.wgsl).
         var m = MASKED;
+        var bad = false;
         for (var i = 0u; i < count; i++) {
-            m = max(m, lse_part[((first + i) * params.num_kv_heads + kv_head) * TILE + t]);
+            let x = lse_part[((first + i) * params.num_kv_heads + kv_head) * TILE + t];
+            bad = bad || bits_nan(x);
+            m = max(m, select(state_lse(x), MASKED, bits_nan(x)));
         }
         var l = 0.0;
         var o = vec4<f32>(0.0);
         for (var i = 0u; i < count; i++) {
             let p = ((first + i) * params.num_kv_heads + kv_head) * TILE + t;
-            let w = softmax_weight(lse_part[p], m);
-            l += w;
-            o += w * o_part[p * dv4 + c];
+            let x = lse_part[p];
+            let w = softmax_weight(select(state_lse(x), MASKED, bits_nan(x)), m);
+            if bits_nonzero(w) {
+                l += w;
+                o += w * o_part[p * dv4 + c];
+            }
         }
         if (params.flags & 1u) != 0u {
             let folded = softmax_add_sink(m, l, bitcast<f32>(plan[params.sinks_at + h]));
@@ -67,9 +76,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             o *= folded.z;
         }
         let dst = (q_base + r / GROUP) * params.num_q_heads + h;
-        out[dst * dv4 + c] = o * select(0.0, 1.0 / l, l > 0.0);
+        let nan = bitcast<f32>(NAN_BITS);
+        out[dst * dv4 + c] = select(o * select(0.0, 1.0 / l, l > 0.0), vec4<f32>(nan), bad);
         if c == 0u {
-            lse[dst] = softmax_lse(m, l);
+            lse[dst] = select(softmax_lse(m, l), nan, bad);
         }
     }
 }

@@ -1,6 +1,7 @@
 // merge_states: combine two attention states over disjoint key sets, row by row:
 // (o, lse) = merge((o_a, lse_a), (o_b, lse_b)). Cascade attention merges a shared-prefix pass
-// with a per-sequence pass this way. A state with lse = -inf (no key) contributes nothing.
+// with a per-sequence pass this way. A state with lse = -inf (no key) contributes nothing; a
+// state with lse = NaN (a poisoned row, softmax.wgsl) makes the merged row NaN.
 // Rows are (query token, head) pairs: o [rows, V_DIM] f32, lse [rows] f32.
 
 struct MergeStatesParams {
@@ -29,14 +30,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let r = i / dv4;
-    let la = lse_a[r];
-    let lb = lse_b[r];
+    let bad = bits_nan(lse_a[r]) || bits_nan(lse_b[r]);
+    let la = select(state_lse(lse_a[r]), MASKED, bad);
+    let lb = select(state_lse(lse_b[r]), MASKED, bad);
     let m = max(MASKED, max(la, lb));
     let wa = softmax_weight(la, m);
     let wb = softmax_weight(lb, m);
     let l = wa + wb;
-    o_out[i] = (wa * o_a[i] + wb * o_b[i]) * select(0.0, 1.0 / l, l > 0.0);
+    // A state of weight 0 is not read (its o may be anything, NaN included).
+    var o = vec4<f32>(0.0);
+    if bits_nonzero(wa) {
+        o += wa * o_a[i];
+    }
+    if bits_nonzero(wb) {
+        o += wb * o_b[i];
+    }
+    let nan = bitcast<f32>(NAN_BITS);
+    o_out[i] = select(o * select(0.0, 1.0 / l, l > 0.0), vec4<f32>(nan), bad);
     if i % dv4 == 0u {
-        lse_out[r] = softmax_lse(m, l);
+        lse_out[r] = select(softmax_lse(m, l), nan, bad);
     }
 }

@@ -18,6 +18,9 @@
 // (which also adds the sinks).
 //
 // Scores follow DESIGN.md section 2: scale, softcap, ALiBi, mask (bottom-right causal, window).
+// NaN and infinities follow softmax.wgsl: a visible key whose score is NaN or +inf marks its row
+// (row_bad), whose output and lse are then written as NaN; a key whose probability is 0 (masked,
+// or a score of -inf) is never read into the output, whatever its value row holds.
 //
 // MLA (absorbed, DeepSeek-V2) is the same computation over a latent cache: with ROPE_DIM > 0 a
 // key is [K pool row ; V pool row] (the latent c_kv, K_DIM values in any format, then the rotated
@@ -45,6 +48,8 @@ var<workgroup> scores: array<f32, TILE * WG>;
 var<workgroup> row_max: array<f32, MAX_TILE>;
 var<workgroup> row_sum: array<f32, MAX_TILE>;
 var<workgroup> row_alpha: array<f32, MAX_TILE>;
+// Nonzero once a visible key's score poisoned the row (NaN or +inf).
+var<workgroup> row_bad: array<atomic<u32>, MAX_TILE>;
 // Position p_i of each row's query, and its ALiBi slope.
 var<workgroup> row_pos: array<u32, MAX_TILE>;
 var<workgroup> row_slope: array<f32, MAX_TILE>;
@@ -87,6 +92,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
     if tid < MAX_TILE {
         row_max[tid] = MASKED;
         row_sum[tid] = 0.0;
+        atomicStore(&row_bad[tid], 0u);
         if tid < it.n_rows {
             let r = it.row0 + tid;
             let h = kv_head * GROUP + r % GROUP;
@@ -153,14 +159,15 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 let p = row_pos[t];
                 var visible = true;
                 if causal {
-                    visible = visible && j <= p;
-                    if params.window > 0u {
-                        visible = visible && j + params.window > p;
-                    }
+                    // p - j < window, never j + window > p: no sum of positions can wrap.
+                    visible = j <= p && (params.window == 0u || p - j < params.window);
                 }
                 let dist = select(j - p, p - j, p >= j);
-                let s = score_transform(dots[t], params.scale, params.softcap, row_slope[t] * f32(dist));
-                scores[t * WG + tid] = select(MASKED, s, visible);
+                let sc = score_of(dots[t], params.scale, params.softcap, row_slope[t] * f32(dist));
+                if visible && sc.poison {
+                    atomicOr(&row_bad[t], 1u);
+                }
+                scores[t * WG + tid] = select(MASKED, sc.value, visible);
             }
         } else {
             for (var t = 0u; t < TILE; t++) {
@@ -190,8 +197,12 @@ fn attend(wid: vec3<u32>, tid: u32) {
         if kv_row_scaled(vp) {
             // Fold each V row's scale into its probabilities once (the sums above are done).
             workgroupBarrier();
+            // A zero probability stays zero (a masked key's scale may be NaN).
             for (var t = 0u; t < TILE; t++) {
-                scores[t * WG + tid] *= v_row_scale[tid];
+                let i = t * WG + tid;
+                if bits_nonzero(scores[i]) {
+                    scores[i] *= v_row_scale[tid];
+                }
             }
             workgroupBarrier();
         }
@@ -215,8 +226,10 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 let v = vec4<f32>(real4(kv_load4_codes(vp, row, c)));
                 for (var k = 0u; k < ACC_ROWS; k++) {
                     let t = acc_lane(tid) + k * LANES;
-                    if t < it.n_rows {
-                        acc[m * ACC_ROWS + k] += scores[t * WG + i] * v;
+                    let p = scores[t * WG + i];
+                    // Keys of probability 0 are skipped: 0 * inf or 0 * NaN must not reach a row.
+                    if t < it.n_rows && bits_nonzero(p) {
+                        acc[m * ACC_ROWS + k] += p * v;
                     }
                 }
             }
@@ -225,7 +238,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
     }
 
     // Partial state of each row: normalized output and log-sum-exp (-inf when the row saw no
-    // key of this item).
+    // key of this item; NaN for both when a visible key poisoned it).
     let out_base = (item * params.num_kv_heads + kv_head) * TILE;
     for (var m = 0u; m < ACC_COLS; m++) {
         let c = acc_col(tid, m);
@@ -238,9 +251,12 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 let l = row_sum[t];
                 // A per-tensor V scale (1 otherwise) applied once, with the normalization.
                 let v_scale = value_tensor_scale();
-                o_part[(out_base + t) * dv4 + c] = acc[m * ACC_ROWS + k] * (select(0.0, 1.0 / l, l > 0.0) * v_scale);
+                let bad = atomicLoad(&row_bad[t]) != 0u;
+                let nan = bitcast<f32>(NAN_BITS);
+                let o = acc[m * ACC_ROWS + k] * (select(0.0, 1.0 / l, l > 0.0) * v_scale);
+                o_part[(out_base + t) * dv4 + c] = select(o, vec4<f32>(nan), bad);
                 if c == 0u {
-                    lse_part[out_base + t] = softmax_lse(row_max[t], l);
+                    lse_part[out_base + t] = select(softmax_lse(row_max[t], l), nan, bad);
                 }
             }
         }

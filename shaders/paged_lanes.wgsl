@@ -107,14 +107,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let k_scale = kv_row_scale(0u, row);
         let v_scale = select(1.0, kv_row_scale(vp, row), kv_row_scaled(vp));
         // @unroll rope_dots: d_T = d_T * k_scale, plus the RoPE part of the key (MLA).
-        // @unroll softmax: per row, the score (DESIGN.md section 2) and the online softmax
-        //   update: m_T, l_T, the factor alpha_T rescaling a_T and the probability p_T (times
-        //   the V row's scale).
-        // @unroll values: a_T_C = a_T_C * alpha_T + p_T * v_C.
+        // @unroll softmax: per row, the score (DESIGN.md section 2; softmax.wgsl's NaN rules:
+        //   a visible key scoring NaN or +inf sets bad_T) and the online softmax update: m_T,
+        //   l_T, the factor alpha_T rescaling a_T, the probability p_T (times the V row's scale)
+        //   and live_T (p_T is not zero).
+        // @unroll values: a_T_C = a_T_C * alpha_T + p_T * v_C, the product only where live_T
+        //   (a key of probability 0 never reads its value row into a row).
     }
 
     let out_base = (item * params.num_kv_heads + kv_head) * TILE;
     let dv4 = OUT_DIM / 4u;
     let v_tensor_scale = value_tensor_scale();
-    // @unroll write: rows T < n_rows: o = a_T * (v_tensor_scale / l_T) and lse.
+    // @unroll write: rows T < n_rows: o = a_T * (v_tensor_scale / l_T) and lse, or NaN for
+    //   both where bad_T.
 }

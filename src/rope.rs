@@ -302,7 +302,7 @@ pub fn rope_host(
         return Ok(Vec::new());
     }
     let input = storage_buffer(ctx, "rope x", x)?;
-    let out = storage_buffer(ctx, "rope out", &vec![f32::NAN; elems])?;
+    let out = storage_buffer(ctx, "rope out", &vec![crate::gpu::UNWRITTEN; elems])?;
     rope(ctx, cfg, &input, positions, &out)?;
     ctx.read_back(&out, elems)
 }

@@ -572,7 +572,10 @@ fn bad_input_gets_typed_errors() {
             let e = encode_rows(dtype, 32, &bad, ScaleMode::PerRow).unwrap();
             let back = decode_rows(&e).unwrap();
             assert!(back[32..].iter().all(|x| x.is_nan()), "{dtype} {special}");
-            assert!(back[..32].iter().all(|x| x.is_finite()), "{dtype} {special}");
+            assert!(
+                back[..32].iter().all(|x| x.is_finite()),
+                "{dtype} {special}"
+            );
         }
     }
     // FP8 keeps non-finite values non-finite: E5M2 infinity, E4M3 NaN.

@@ -1,30 +1,90 @@
-// Online softmax helpers shared by the attention kernels.
+// Online softmax helpers shared by the attention kernels, and the rules for NaN and infinities
+// (README, "NaN, infinities and extreme values").
 //
 // Scores that are masked out are stored as MASKED, a finite stand-in for -inf: WGSL has no
 // infinity literal, and keeping the sentinel finite means exp(MASKED - MASKED) is 1, never NaN.
+//
+// WGSL lets a compiler assume that floats are finite, so a float compare, `max` or `select` may
+// drop a NaN or an infinity. Every test for one here reads the bits (`bitcast<u32>`), and the
+// softmax itself only ever sees finite scores: a score that is NaN or +inf poisons its row (the
+// row's output and lse become NaN), a score of -inf becomes MASKED (weight 0).
 
 const MASKED: f32 = -3.0e38;
-// Any score below this is a masked one.
+// Any score below this is a masked one (a finite score below it counts as -inf).
 const MASKED_BELOW: f32 = -1.0e38;
+// The NaN the kernels write for a poisoned row.
+const NAN_BITS: u32 = 0x7fc00000u;
+const NEG_INF_BITS: u32 = 0xff800000u;
+
+// x is NaN.
+fn bits_nan(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
+// x is +inf or -inf.
+fn bits_inf(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) == 0x7f800000u;
+}
+
+// x is NaN or +inf: a score that makes its row NaN.
+fn bits_poison(x: f32) -> bool {
+    let b = bitcast<u32>(x);
+    return (b & 0x7fffffffu) > 0x7f800000u || b == 0x7f800000u;
+}
+
+// x is -inf.
+fn bits_neg_inf(x: f32) -> bool {
+    return bitcast<u32>(x) == NEG_INF_BITS;
+}
+
+// x is not exactly +0 or -0 (a probability that contributes to the output).
+fn bits_nonzero(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) != 0u;
+}
 
 // exp(s - m) for a score s that may be masked.
 fn softmax_weight(s: f32, m: f32) -> f32 {
     return select(0.0, exp(s - m), s > MASKED_BELOW);
 }
 
+// A key's score as the softmax reads it: `value` is finite (MASKED for a score of -inf or one
+// that poisons), `poison` says the score was NaN or +inf.
+struct Score {
+    value: f32,
+    poison: bool,
+}
+
 // The score transformations of DESIGN.md section 2 after the dot product, in order:
-// scale, logit softcap (cap > 0), ALiBi bias (slope * distance).
-fn score_transform(dot_qk: f32, scale: f32, softcap: f32, alibi: f32) -> f32 {
+// scale, logit softcap (cap > 0), ALiBi bias (slope * distance), in IEEE arithmetic:
+// a NaN product poisons (even where tanh would hide it), +-inf through the softcap gives +-cap,
+// and the final score is classified by its bits.
+fn score_of(dot_qk: f32, scale: f32, softcap: f32, alibi: f32) -> Score {
     var s = scale * dot_qk;
+    var poison = bits_nan(s);
     if softcap > 0.0 {
-        s = softcap * tanh(s / softcap);
+        let u = s / softcap;
+        // tanh(+-inf) = +-1; tanh of |u| >= 10 is 1 in f32, so the clamp changes nothing finite.
+        var t = bitcast<f32>((bitcast<u32>(u) & 0x80000000u) | 0x3f800000u);
+        if !bits_inf(u) {
+            t = tanh(clamp(u, -10.0, 10.0));
+        }
+        s = softcap * t;
     }
-    return s - alibi;
+    s = s - alibi;
+    poison = poison || bits_poison(s);
+    let masked = poison || bits_neg_inf(s);
+    return Score(select(s, MASKED, masked), poison);
 }
 
 // Log-sum-exp of a row from its running max and sum; -inf when nothing was visible.
 fn softmax_lse(m: f32, l: f32) -> f32 {
-    return select(bitcast<f32>(0xff800000u), m + log(l), l > 0.0);
+    return select(bitcast<f32>(NEG_INF_BITS), m + log(l), l > 0.0);
+}
+
+// A partial or merged state's lse as a merge reads it: MASKED for -inf (no key), else itself
+// (callers test for NaN first).
+fn state_lse(lse: f32) -> f32 {
+    return select(lse, MASKED, bits_neg_inf(lse));
 }
 
 // Folds a sink logit into a finished row state (m, l): returns (m', l', factor) where factor

@@ -224,8 +224,8 @@ pub fn decode_batch(
     let q = ctx.upload("q", batch.q)?;
     let k = ctx.upload("k", &k.words)?;
     let v = ctx.upload("v", &v.words)?;
-    let out = ctx.filled("out", out_len, f32::NAN)?;
-    let lse = ctx.filled("lse", lse_len, f32::NAN)?;
+    let out = ctx.filled("out", out_len, crate::gpu::UNWRITTEN)?;
+    let lse = ctx.filled("lse", lse_len, crate::gpu::UNWRITTEN)?;
     decode(
         ctx,
         &DecodeArgs {

@@ -6,4 +6,4 @@ pub mod paged;
 pub mod paged_lanes;
 pub mod spec;
 
-pub use spec::{AttentionOptions, AttentionShape, RaggedBatch};
+pub use spec::{check_seq_len, AttentionOptions, AttentionShape, RaggedBatch, MAX_TOKENS};

@@ -516,6 +516,7 @@ impl PagedAttentionPlan {
         check_shape_and_options(ctx, &shape, opts, geometry, args.precision)?;
         let bs = geometry.k.block_size;
         for (i, s) in seqs.iter().enumerate() {
+            super::check_seq_len(&format!("sequence {i}"), s.len_q, s.len_k)?;
             if s.len_q == 0 || s.len_k == 0 {
                 return Err(Error::InvalidArgument(format!("sequence {i} is empty")));
             }
@@ -549,7 +550,13 @@ impl PagedAttentionPlan {
             AttentionKernel::Lanes => lanes_tile(&shape),
         };
         let tile = full_tile.min(max_rows).max(1);
-        let window = opts.sliding_window.filter(|_| opts.causal);
+        // A window at least as long as every sequence's keys masks nothing: it is no window.
+        // What remains is shorter than a sequence (at most MAX_TOKENS), so it fits a u32 and the
+        // kernels' `p - j < window` never meets a wrapped sum.
+        let max_len_k = seqs.iter().map(|s| s.len_k).max().unwrap_or(0);
+        let window = opts
+            .sliding_window
+            .filter(|&w| opts.causal && w < max_len_k);
         let bpb = geometry.blocks_per_buffer;
 
         // Work items in (sequence, tile, key) order; merge tiles point at their run of items.
@@ -678,7 +685,7 @@ impl PagedAttentionPlan {
         let total_q = seqs.iter().map(|s| s.len_q).sum();
         let hkv = shape.num_kv_heads;
         let part_rows = items.len() * hkv * tile;
-        let window = u32::try_from(window.unwrap_or(0)).unwrap_or(u32::MAX);
+        let window = window.map_or(0, |w| w as u32);
         let flags = u32::from(opts.causal) | (u32::from(opts.alibi_slopes.is_some()) << 1);
         let dispatches = dispatches
             .into_iter()
@@ -724,8 +731,12 @@ impl PagedAttentionPlan {
             dispatches,
             merge_params: ctx.uniform("merge params", &merge_params),
             meta: ctx.upload("attention plan", &meta)?,
-            o_part: ctx.filled("partial o", part_rows * shape.head_dim_v, f32::NAN)?,
-            lse_part: ctx.filled("partial lse", part_rows, f32::NAN)?,
+            o_part: ctx.filled(
+                "partial o",
+                part_rows * shape.head_dim_v,
+                crate::gpu::UNWRITTEN,
+            )?,
+            lse_part: ctx.filled("partial lse", part_rows, crate::gpu::UNWRITTEN)?,
         };
         Ok(plan)
     }
@@ -938,8 +949,8 @@ pub fn paged_attention_host(
         });
     }
     let qb = ctx.upload("q", q)?;
-    let out = ctx.filled("out", rows * s.head_dim_v, f32::NAN)?;
-    let lse = ctx.filled("lse", rows, f32::NAN)?;
+    let out = ctx.filled("out", rows * s.head_dim_v, crate::gpu::UNWRITTEN)?;
+    let lse = ctx.filled("lse", rows, crate::gpu::UNWRITTEN)?;
     plan.run(ctx, cache, args.layer, &qb, &out, &lse)?;
     Ok(AttentionOutput {
         out: ctx.read_back(&out, rows * s.head_dim_v)?,

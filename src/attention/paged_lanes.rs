@@ -105,7 +105,7 @@ impl LanesShape {
                 for t in rows {
                     let _ = writeln!(
                         w,
-                        "    var m_{t} = MASKED;\n    var l_{t} = 0.0;\n    var pos_{t} = 0u;\n    var slope_{t} = 0.0;"
+                        "    var m_{t} = MASKED;\n    var l_{t} = 0.0;\n    var pos_{t} = 0u;\n    var slope_{t} = 0.0;\n    var bad_{t} = false;"
                     );
                     for c in 0..k_cols {
                         let _ = writeln!(w, "    var q_{t}_{c} = vec4<f32>(0.0);");
@@ -175,14 +175,17 @@ impl LanesShape {
             }
             "softmax" => {
                 for t in rows {
-                    let _ = writeln!(w, "        var alpha_{t} = 1.0;\n        var p_{t} = 0.0;");
+                    let _ = writeln!(
+                        w,
+                        "        var alpha_{t} = 1.0;\n        var p_{t} = 0.0;\n        var live_{t} = false;"
+                    );
                     let _ = writeln!(w, "        {{");
                     let _ = writeln!(w, "            var visible = true;");
                     let _ = writeln!(w, "            if causal {{");
                     let _ = writeln!(w, "                visible = j <= pos_{t};");
                     let _ = writeln!(
                         w,
-                        "                if params.window > 0u {{ visible = visible && j + params.window > pos_{t}; }}"
+                        "                if params.window > 0u {{ visible = visible && pos_{t} - j < params.window; }}"
                     );
                     let _ = writeln!(w, "            }}");
                     let _ = writeln!(
@@ -191,14 +194,20 @@ impl LanesShape {
                     );
                     let _ = writeln!(
                         w,
-                        "            let s = select(MASKED, score_transform(d_{t}, params.scale, params.softcap, slope_{t} * f32(dist)), visible);"
+                        "            let sc = score_of(d_{t}, params.scale, params.softcap, slope_{t} * f32(dist));"
                     );
+                    let _ = writeln!(
+                        w,
+                        "            bad_{t} = bad_{t} || (visible && sc.poison);"
+                    );
+                    let _ = writeln!(w, "            let s = select(MASKED, sc.value, visible);");
                     let _ = writeln!(w, "            let mx = max(m_{t}, s);");
                     let _ = writeln!(w, "            alpha_{t} = exp(m_{t} - mx);");
                     let _ = writeln!(w, "            let p = f32(real(softmax_weight(s, mx)));");
                     let _ = writeln!(w, "            l_{t} = l_{t} * alpha_{t} + p;");
                     let _ = writeln!(w, "            m_{t} = mx;");
-                    let _ = writeln!(w, "            p_{t} = p * v_scale;");
+                    let _ = writeln!(w, "            live_{t} = bits_nonzero(p);");
+                    let _ = writeln!(w, "            p_{t} = select(0.0, p * v_scale, live_{t});");
                     let _ = writeln!(w, "        }}");
                 }
             }
@@ -208,7 +217,7 @@ impl LanesShape {
                     for t in rows.clone() {
                         let _ = writeln!(
                             w,
-                            "            a_{t}_{c} = a_{t}_{c} * alpha_{t} + p_{t} * k;"
+                            "            a_{t}_{c} = a_{t}_{c} * alpha_{t} + select(vec4<f32>(0.0), p_{t} * k, live_{t});"
                         );
                     }
                 };
@@ -222,12 +231,16 @@ impl LanesShape {
                         "        let inv = select(0.0, 1.0 / l_{t}, l_{t} > 0.0) * v_tensor_scale;"
                     );
                     let _ = writeln!(w, "        let ob = (out_base + {t}u) * dv4;");
+                    let _ = writeln!(w, "        let nan = bitcast<f32>(NAN_BITS);");
                     for c in 0..out_cols {
-                        let _ = writeln!(w, "        o_part[ob + {c}u] = a_{t}_{c} * inv;");
+                        let _ = writeln!(
+                            w,
+                            "        o_part[ob + {c}u] = select(a_{t}_{c} * inv, vec4<f32>(nan), bad_{t});"
+                        );
                     }
                     let _ = writeln!(
                         w,
-                        "        lse_part[out_base + {t}u] = softmax_lse(m_{t}, l_{t});"
+                        "        lse_part[out_base + {t}u] = select(softmax_lse(m_{t}, l_{t}), nan, bad_{t});"
                     );
                     let _ = writeln!(w, "    }}");
                 }

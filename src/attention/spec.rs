@@ -9,6 +9,27 @@ use std::ops::Range;
 
 use crate::{Error, Result};
 
+/// The longest sequence (keys, and so positions `0..MAX_TOKENS`) and the largest query chunk the
+/// kernels accept: `2^31 - 1`. The kernels index keys and positions with u32, and the largest
+/// sum they form is a query's position, at most `len_q + len_k`; with both below `2^31` no u32
+/// sum of positions, lengths or offsets can wrap. Longer sequences are refused with
+/// [`Error::InvalidArgument`] (see [`check_seq_len`]).
+pub const MAX_TOKENS: usize = (1 << 31) - 1;
+
+/// Checks that a sequence's `len_q` query tokens and `len_k` keys are within [`MAX_TOKENS`].
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming `what` (for example `"sequence 3"`) when either is longer.
+pub fn check_seq_len(what: &str, len_q: usize, len_k: usize) -> Result<()> {
+    if len_q > MAX_TOKENS || len_k > MAX_TOKENS {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: {len_q} queries over {len_k} keys; the kernels take at most {MAX_TOKENS} \
+             (2^31 - 1) of each"
+        )));
+    }
+    Ok(())
+}
+
 /// Head counts and head dims of one attention layer.
 ///
 /// Query heads are grouped over KV heads: query head `h` reads KV head `h / group()`
@@ -73,7 +94,9 @@ pub struct AttentionOptions {
     /// Multiplier of `q . k`; `None` means `1 / sqrt(head_dim_qk)`.
     pub scale: Option<f32>,
     /// Sliding window `w >= 1` (causal only): query `i` sees the `w` keys `p_i - w < j <= p_i`,
-    /// its own included (FlashAttention's `window_size = (w - 1, 0)`).
+    /// its own included (FlashAttention's `window_size = (w - 1, 0)`). Any `w` is accepted: a
+    /// window at least as long as a sequence's keys masks nothing in it (the kernels receive it
+    /// clamped to the context, so no position sum can wrap).
     pub sliding_window: Option<usize>,
     /// Logit softcap `cap > 0`: `s = cap * tanh(s / cap)`, applied after the scale.
     pub softcap: Option<f32>,
@@ -234,8 +257,9 @@ impl RaggedBatch<'_> {
 
     /// Checks everything the reference and the kernels rely on: `shape` and `opts` (their own
     /// `validate`), then well-formed offsets (at least one sequence, the same count for Q and K,
-    /// starting at 0, non-decreasing), tensor lengths that match the offsets and `shape`, no
-    /// empty sequence (`len_q == 0` or `len_k == 0`), and `len_q <= len_k` when causal.
+    /// starting at 0, non-decreasing), sequences within [`MAX_TOKENS`], tensor lengths that
+    /// match the offsets and `shape`, no empty sequence (`len_q == 0` or `len_k == 0`), and
+    /// `len_q <= len_k` when causal.
     ///
     /// # Errors
     /// The errors of [`AttentionShape::validate`] and [`AttentionOptions::validate`];
@@ -259,6 +283,10 @@ impl RaggedBatch<'_> {
         }
         check_offsets("cu_seqlens_q", self.cu_seqlens_q)?;
         check_offsets("cu_seqlens_k", self.cu_seqlens_k)?;
+        for seq in 0..self.num_seqs() {
+            let (len_q, len_k) = self.seq_lens(seq);
+            check_seq_len(&format!("sequence {seq}"), len_q, len_k)?;
+        }
         check_len(
             "q",
             self.q.len(),
@@ -707,6 +735,27 @@ mod tests {
                 "sequence 0 is empty"
             ));
         }
+    }
+
+    #[test]
+    fn sequences_longer_than_max_tokens_are_refused() {
+        assert!(check_seq_len("s", MAX_TOKENS, MAX_TOKENS).is_ok());
+        assert!(is_invalid(check_seq_len("s", 1, MAX_TOKENS + 1), "at most"));
+        assert!(is_invalid(check_seq_len("s", MAX_TOKENS + 1, 1), "at most"));
+        // At the limit the batch passes the length rule and fails on its (tiny) tensors; one
+        // key more is refused by the rule itself.
+        let max = MAX_TOKENS as u32;
+        let mut t = Owned::new(&[0, 1], &[0, 1]);
+        t.cu_k = vec![0, max];
+        assert!(matches!(
+            t.batch().validate(&SHAPE, &causal()),
+            Err(Error::ShapeMismatch { what: "k", .. })
+        ));
+        t.cu_k = vec![0, max + 1];
+        assert!(is_invalid(
+            t.batch().validate(&SHAPE, &causal()),
+            "sequence 0: 1 queries over 2147483648 keys"
+        ));
     }
 
     #[test]

@@ -497,7 +497,7 @@ impl Decoder {
             Logits::Last => batch.len(),
             Logits::All => t,
         };
-        let logits = ctx.filled("logits", rows * c.vocab, f32::NAN)?;
+        let logits = ctx.filled("logits", rows * c.vocab, crate::gpu::UNWRITTEN)?;
         match which {
             Logits::All => {
                 flops += linear(ctx, (&s.h, 0), t, c.d_model, head, c.vocab, (&logits, 0))?;

@@ -60,8 +60,12 @@ impl AbsorbedPlan {
             shape: s,
             total_q,
             attention,
-            q_cat: ctx.filled("mla q_cat", rows * (s.rank + s.d_rope), f32::NAN)?,
-            o_lat: ctx.filled("mla o_lat", rows * s.rank, f32::NAN)?,
+            q_cat: ctx.filled(
+                "mla q_cat",
+                rows * (s.rank + s.d_rope),
+                crate::gpu::UNWRITTEN,
+            )?,
+            o_lat: ctx.filled("mla o_lat", rows * s.rank, crate::gpu::UNWRITTEN)?,
         })
     }
 

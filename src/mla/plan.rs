@@ -207,8 +207,8 @@ pub fn mla_host(
     }
     let qn = ctx.upload("q_nope", q_nope)?;
     let qp = ctx.upload("q_pe", q_pe)?;
-    let out = ctx.filled("mla out", rows * s.d_v, f32::NAN)?;
-    let lse = ctx.filled("mla lse", rows, f32::NAN)?;
+    let out = ctx.filled("mla out", rows * s.d_v, crate::gpu::UNWRITTEN)?;
+    let lse = ctx.filled("mla lse", rows, crate::gpu::UNWRITTEN)?;
     let io = MlaIo {
         q_nope: &qn,
         q_pe: &qp,

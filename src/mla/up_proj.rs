@@ -175,11 +175,11 @@ impl UpProjPlan {
             chunk,
             attention,
             gathers,
-            q_cat: ctx.filled("mla q_cat", total_q * h * dq, f32::NAN)?,
-            c_kv: ctx.filled("mla chunk c_kv", chunk * s.rank, f32::NAN)?,
-            k_pe: ctx.filled("mla chunk k_pe", chunk * s.d_rope, f32::NAN)?,
-            k_exp: ctx.filled("mla chunk K", chunk * h * dq, f32::NAN)?,
-            v_exp: ctx.filled("mla chunk V", chunk * h * s.d_v, f32::NAN)?,
+            q_cat: ctx.filled("mla q_cat", total_q * h * dq, crate::gpu::UNWRITTEN)?,
+            c_kv: ctx.filled("mla chunk c_kv", chunk * s.rank, crate::gpu::UNWRITTEN)?,
+            k_pe: ctx.filled("mla chunk k_pe", chunk * s.d_rope, crate::gpu::UNWRITTEN)?,
+            k_exp: ctx.filled("mla chunk K", chunk * h * dq, crate::gpu::UNWRITTEN)?,
+            v_exp: ctx.filled("mla chunk V", chunk * h * s.d_v, crate::gpu::UNWRITTEN)?,
             unit_scale: ctx.uniform(
                 "unit tensor scale",
                 &TensorScale {

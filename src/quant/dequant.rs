@@ -94,7 +94,7 @@ pub fn dequantize(ctx: &Context, rows: &EncodedRows) -> Result<Vec<f32>> {
     let uniform = ctx.uniform("dequant params", &params);
     let pool = ctx.upload("dequant pool", &rows.interleaved_words())?;
     let scales = ctx.upload("dequant scales", &rows.scale_pool_words())?;
-    let out = ctx.filled("dequant out", len, f32::NAN)?;
+    let out = ctx.filled("dequant out", len, crate::gpu::UNWRITTEN)?;
     let no_rows = ctx.upload("dequant no rows", &[0u32])?;
     ctx.dispatch(
         &pipeline,

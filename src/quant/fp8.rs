@@ -85,7 +85,13 @@ impl Fp8Format {
 /// Encodes `x` with `man_bits` mantissa bits and exponent `bias`: round-to-nearest-even,
 /// saturating finite values to the code `max_code`, NaN -> `nan_code | sign`, ±infinity ->
 /// `inf_code | sign`.
-fn encode_fp8(x: f32, man_bits: u32, bias: u32, max_code: u32, (nan_code, inf_code): (u8, u8)) -> u8 {
+fn encode_fp8(
+    x: f32,
+    man_bits: u32,
+    bias: u32,
+    max_code: u32,
+    (nan_code, inf_code): (u8, u8),
+) -> u8 {
     let bits = x.to_bits();
     let sign = ((bits >> 24) & 0x80) as u8;
     let abs = bits & 0x7FFF_FFFF;

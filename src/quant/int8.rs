@@ -111,7 +111,12 @@ mod tests {
             }
             assert!(decode_int8(0, s.scale).is_nan());
         }
-        for amax in [f32::MAX, -f32::MAX, f32::from_bits(f32::MAX.to_bits() - 1), 3.3e38] {
+        for amax in [
+            f32::MAX,
+            -f32::MAX,
+            f32::from_bits(f32::MAX.to_bits() - 1),
+            3.3e38,
+        ] {
             let s = Int8Scale::for_row(&[amax, 1.0]);
             assert!(s.scale.is_normal(), "{amax}");
             for q in [127i8, -127] {

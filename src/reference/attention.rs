@@ -15,9 +15,19 @@
 //!
 //! A sink `sink[h]` is a raw logit (not scaled, not softcapped, no ALiBi) that joins the softmax
 //! denominator only: `lse = ln(sum_j exp(s_j) + exp(sink[h]))`, computed in f64 after subtracting
-//! the maximum, and `out = sum_j exp(s_j - lse) v_j`. A row with no visible key and no sink would
-//! get `out = 0` and `lse = -inf`; a batch that passes validation has no such row (every sequence
-//! has a key, and a causal query always sees its own position).
+//! the maximum, and `out = sum_j exp(s_j - lse) v_j` over the keys whose weight is not 0. A row
+//! with no visible key and no sink would get `out = 0` and `lse = -inf`; a batch that passes
+//! validation has no such row (every sequence has a key, and a causal query always sees its own
+//! position).
+//!
+//! NaN and infinities (README, "NaN, infinities and extreme values"), as the kernels' f32
+//! arithmetic gives them: `scale * (q . k)` past f32's range is ±inf; a NaN there makes the row
+//! NaN even where the softcap's tanh would hide it; the softcap takes ±inf to ±cap; the final
+//! score of a visible key is then classified: NaN or +inf makes the row's output
+//! and lse NaN; -inf, or a finite score below -1e38 (the kernels' masked range), gives the key
+//! weight 0. A key of weight 0 (masked, -inf, or underflowed) is never read into the output, so
+//! NaN or infinity in its value row changes nothing; in a key of positive weight it reaches the
+//! output columns it sits in by IEEE arithmetic.
 
 use std::ops::Range;
 
@@ -91,18 +101,22 @@ fn attend_row(
     let mut keys = Vec::with_capacity(k_rows.len());
     let mut scores = Vec::with_capacity(k_rows.len());
     for (j, k_row) in k_rows.enumerate() {
-        let k = &batch.k[(k_row * hkv + kv_head) * d_qk..][..d_qk];
-        let s = score(q, k, opts, shape, h, pos, j as i64);
         if visible(opts, pos, j as i64) {
+            let k = &batch.k[(k_row * hkv + kv_head) * d_qk..][..d_qk];
             keys.push(k_row);
-            scores.push(s);
+            scores.push(score(q, k, opts, shape, h, pos, j as i64));
         }
     }
     let sink = opts.sinks.as_ref().map(|sinks| f64::from(sinks[h]));
-    let (weights, lse) = softmax_with_sink(&scores, sink);
+    let Some((weights, lse)) = softmax_scored(&scores, sink) else {
+        return (vec![f64::NAN; d_v], f64::NAN);
+    };
 
     let mut out = vec![0.0f64; d_v];
     for (&k_row, &w) in keys.iter().zip(&weights) {
+        if w == 0.0 {
+            continue;
+        }
         let v = &batch.v[(k_row * hkv + kv_head) * d_v..][..d_v];
         for (o, &x) in out.iter_mut().zip(v) {
             *o += w * f64::from(x);
@@ -111,8 +125,70 @@ fn attend_row(
     (out, lse)
 }
 
+/// How a visible key's score enters the softmax.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Scored {
+    /// A finite score (at least -1e38 as f32).
+    Finite(f64),
+    /// -inf, or a finite score below -1e38: weight 0.
+    Zero,
+    /// NaN or +inf: the row's output and lse are NaN.
+    Poison,
+}
+
+/// The kernels' masked range: an f32 score at or below this counts as -inf.
+const MASKED_BELOW: f32 = -1.0e38;
+
+/// `scale * dot` as the kernels' f32 arithmetic sees it: the dot product, then the scaled score,
+/// ±inf where either leaves f32's range (NaN stays NaN; a NaN from `0 * inf` too).
+pub(crate) fn scaled_dot(scale: f32, dot: f64) -> f64 {
+    let f32_range = |x: f64| {
+        if (x as f32).is_infinite() {
+            f64::INFINITY.copysign(x)
+        } else {
+            x
+        }
+    };
+    f32_range(f64::from(scale) * f32_range(dot))
+}
+
+/// Classifies a visible key's final score by its f32 value.
+pub(crate) fn classify(s: f64) -> Scored {
+    let s32 = s as f32;
+    if s.is_nan() || s32 == f32::INFINITY {
+        Scored::Poison
+    } else if s32 > MASKED_BELOW {
+        Scored::Finite(s)
+    } else {
+        Scored::Zero
+    }
+}
+
+/// Softmax over classified scores with an optional sink: the weights (0 for [`Scored::Zero`])
+/// and lse as [`softmax_with_sink`] gives them, or `None` when a score poisons the row.
+pub(crate) fn softmax_scored(scores: &[Scored], sink: Option<f64>) -> Option<(Vec<f64>, f64)> {
+    let mut finite = Vec::with_capacity(scores.len());
+    for s in scores {
+        match s {
+            Scored::Poison => return None,
+            Scored::Finite(x) => finite.push(*x),
+            Scored::Zero => {}
+        }
+    }
+    let (w, lse) = softmax_with_sink(&finite, sink);
+    let mut w = w.into_iter();
+    let weights = scores
+        .iter()
+        .map(|s| match s {
+            Scored::Finite(_) => w.next().unwrap_or(0.0),
+            _ => 0.0,
+        })
+        .collect();
+    Some((weights, lse))
+}
+
 /// Steps 1 to 3 of the score (scale, softcap, ALiBi) of query head `h` at position `pos` against
-/// key `j` of its sequence.
+/// key `j` of its sequence, classified ([`classify`]).
 fn score(
     q: &[f32],
     k: &[f32],
@@ -121,13 +197,16 @@ fn score(
     h: usize,
     pos: i64,
     j: i64,
-) -> f64 {
+) -> Scored {
     let dot: f64 = q
         .iter()
         .zip(k)
         .map(|(&a, &b)| f64::from(a) * f64::from(b))
         .sum();
-    let mut s = f64::from(opts.scale_for(shape)) * dot;
+    let mut s = scaled_dot(opts.scale_for(shape), dot);
+    if s.is_nan() {
+        return Scored::Poison;
+    }
     if let Some(cap) = opts.softcap {
         let cap = f64::from(cap);
         s = cap * (s / cap).tanh();
@@ -136,7 +215,7 @@ fn score(
         let distance = (pos - j).unsigned_abs() as f64;
         s -= f64::from(slopes[h]) * distance;
     }
-    s
+    classify(s)
 }
 
 /// Step 4: whether the query at position `pos` sees key `j`.
@@ -144,11 +223,9 @@ fn visible(opts: &AttentionOptions, pos: i64, j: i64) -> bool {
     if !opts.causal {
         return true;
     }
-    let in_window = match opts.sliding_window {
-        Some(w) => j > pos - w as i64,
-        None => true,
-    };
-    j <= pos && in_window
+    // pos - j < w, compared without converting w (any usize) to a signed position.
+    let in_window = |w: usize| u64::try_from(pos - j).is_ok_and(|d| (d as u128) < w as u128);
+    j <= pos && opts.sliding_window.is_none_or(in_window)
 }
 
 /// Softmax of `scores` whose denominator also holds `exp(sink)`: returns the weights

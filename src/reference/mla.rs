@@ -9,11 +9,13 @@
 //! [`mla`] computes it in the absorbed form, in f64 throughout: `q_lat = W_UK[h]^T q_nope`,
 //! score `(q_lat . c_kv + q_pe . k_pe) * scale`, latent output `o_lat = sum_j p_j c_kv_j`, output
 //! `W_UV[h]^T o_lat`. This equals the up-projected form exactly in real arithmetic; the test
-//! below checks both against each other. [`expand`] gives the up-projected per-head K and V, for
+//! below checks both against each other. NaN and infinities follow the attention reference's
+//! rules ([`mod@super::attention`]): a visible key scoring NaN or +inf makes the row NaN, and a key of
+//! weight 0 is not read into the output. [`expand`] gives the up-projected per-head K and V, for
 //! running an ordinary attention over them.
 
 use crate::attention::spec::{check_len, check_offsets, total_rows};
-use crate::reference::attention::softmax_with_sink;
+use crate::reference::attention::{classify, scaled_dot, softmax_scored, Scored};
 use crate::reference::AttentionOutput;
 use crate::{Error, Result};
 
@@ -89,7 +91,8 @@ pub struct MlaBatch<'a> {
 
 impl MlaBatch<'_> {
     /// Checks the shape, the offsets (as [`RaggedBatch`](crate::attention::RaggedBatch) does:
-    /// no empty sequence, `len_q <= len_k` for the causal mask) and every tensor's length.
+    /// no empty sequence, none longer than [`MAX_TOKENS`](crate::attention::MAX_TOKENS),
+    /// `len_q <= len_k` for the causal mask) and every tensor's length.
     pub fn validate(&self, shape: &MlaShape) -> Result<()> {
         shape.validate()?;
         if self.cu_seqlens_q.len() < 2 {
@@ -113,6 +116,7 @@ impl MlaBatch<'_> {
             .enumerate()
         {
             let (lq, lk) = (q[1] - q[0], k[1] - k[0]);
+            crate::attention::check_seq_len(&format!("sequence {s}"), lq as usize, lk as usize)?;
             if lq == 0 || lk == 0 {
                 return Err(Error::InvalidArgument(format!(
                     "sequence {s} is empty (len_q {lq}, len_k {lk})"
@@ -181,7 +185,7 @@ pub fn mla(batch: &MlaBatch, shape: &MlaShape, scale: Option<f32>) -> Result<Att
                         *acc += f64::from(wr) * f64::from(x);
                     }
                 }
-                let scores: Vec<f64> = (0..=pos)
+                let scores: Vec<Scored> = (0..=pos)
                     .map(|j| {
                         let c = &batch.c_kv[(k0 + j) * s.rank..][..s.rank];
                         let kp = &batch.k_pe[(k0 + j) * s.d_rope..][..s.d_rope];
@@ -191,19 +195,26 @@ pub fn mla(batch: &MlaBatch, shape: &MlaShape, scale: Option<f32>) -> Result<Att
                             .zip(kp)
                             .map(|(&a, &b)| f64::from(a) * f64::from(b))
                             .sum();
-                        f64::from(scale) * (lat + pe)
+                        classify(scaled_dot(scale, lat + pe))
                     })
                     .collect();
-                let (p, l) = softmax_with_sink(&scores, None);
+                let dst = &mut out[(row * h_n + h) * s.d_v..][..s.d_v];
+                let Some((p, l)) = softmax_scored(&scores, None) else {
+                    dst.fill(f32::NAN);
+                    lse[row * h_n + h] = f32::NAN;
+                    continue;
+                };
                 let mut o_lat = vec![0.0f64; s.rank];
                 for (j, &pj) in p.iter().enumerate() {
+                    if pj == 0.0 {
+                        continue;
+                    }
                     let c = &batch.c_kv[(k0 + j) * s.rank..][..s.rank];
                     for (acc, &x) in o_lat.iter_mut().zip(c) {
                         *acc += pj * f64::from(x);
                     }
                 }
                 // out[v] = sum_r w_uv[h][r][v] o_lat[r].
-                let dst = &mut out[(row * h_n + h) * s.d_v..][..s.d_v];
                 let mut o = vec![0.0f64; s.d_v];
                 for (r, &x) in o_lat.iter().enumerate() {
                     let w = &batch.w_uv[(h * s.rank + r) * s.d_v..][..s.d_v];

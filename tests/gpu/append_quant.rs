@@ -9,9 +9,7 @@ use kvattn::cache::scales::CacheScales;
 use kvattn::quant::f16::{f16_bits_to_f32, f32_to_f16_bits};
 use kvattn::quant::fp8::{encode_e4m3, encode_e5m2};
 use kvattn::quant::pack::pack_halves;
-use kvattn::quant::{
-    decode_rows, encode_rows, EncodedRows, KvDtype, ScaleMode, INT4_GROUP,
-};
+use kvattn::quant::{decode_rows, encode_rows, EncodedRows, KvDtype, ScaleMode, INT4_GROUP};
 
 use crate::common::{gpu, Rng};
 

@@ -14,6 +14,7 @@ mod gpu_errors;
 mod head_matmul;
 mod kv_load;
 mod mla;
+mod nan_semantics;
 mod paged;
 mod paged_attention;
 mod rope;

@@ -240,8 +240,8 @@ fn attention_shape(case: &Case) -> AttentionShape {
 fn attention_io(ctx: &Context, case: &Case, rows: usize) -> Result<Io> {
     Ok(Io {
         q: ctx.upload("bench q", &values(rows * case.head_dim, 3, 1.0))?,
-        out: ctx.filled("bench out", rows * case.head_dim, f32::NAN)?,
-        lse: ctx.filled("bench lse", rows, f32::NAN)?,
+        out: ctx.filled("bench out", rows * case.head_dim, crate::gpu::UNWRITTEN)?,
+        lse: ctx.filled("bench lse", rows, crate::gpu::UNWRITTEN)?,
     })
 }
 
@@ -366,8 +366,8 @@ fn mla(ctx: &Context, case: &Case) -> Result<MlaWork> {
         weights,
         q_nope: ctx.upload("bench q_nope", &values(rows * s.d_nope, 6, 1.0))?,
         q_pe: ctx.upload("bench q_pe", &values(rows * s.d_rope, 7, 1.0))?,
-        out: ctx.filled("bench out", rows * s.d_v, f32::NAN)?,
-        lse: ctx.filled("bench lse", rows, f32::NAN)?,
+        out: ctx.filled("bench out", rows * s.d_v, crate::gpu::UNWRITTEN)?,
+        lse: ctx.filled("bench lse", rows, crate::gpu::UNWRITTEN)?,
     })
 }
 
