@@ -258,7 +258,6 @@ pub fn rope(
 /// A storage buffer holding `data`, sized by the adapter's buffer limit rather than its binding
 /// limit ([`rope`] binds it in chunks).
 fn storage_buffer(ctx: &Context, label: &str, data: &[f32]) -> Result<wgpu::Buffer> {
-    use wgpu::util::DeviceExt;
     let bytes = data.len() as u64 * 4;
     let limit = ctx.caps().max_buffer_size;
     if bytes > limit {
@@ -268,13 +267,8 @@ fn storage_buffer(ctx: &Context, label: &str, data: &[f32]) -> Result<wgpu::Buff
             limit,
         });
     }
-    Ok(ctx
-        .device
-        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: bytemuck::cast_slice(data),
-            usage: STORAGE,
-        }))
+    // Created and filled under error scopes: out of memory or a lost device is a typed error.
+    ctx.buffer_with(label, bytemuck::cast_slice(data), 16, STORAGE)
 }
 
 /// [`rope`] on host data: uploads `x` (`[positions.len(), num_heads, head_dim]`), rotates it

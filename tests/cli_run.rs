@@ -1601,3 +1601,89 @@ fn verify_quality_quick_holds_its_bound() {
         }
     }
 }
+
+/// Runs `run attention` on `file` with `flags` and returns (out, lse).
+fn attention_result(name: &str, file: &CaseFile, flags: &[&str]) -> (Vec<f32>, Vec<f32>) {
+    let dir = temp_dir(name);
+    let (case, out) = (dir.join("case.safetensors"), dir.join("out.safetensors"));
+    file.write(&case);
+    let mut args = vec!["run", "attention", "--in", s(&case), "--out", s(&out)];
+    args.extend_from_slice(flags);
+    let o = kvattn(&args);
+    assert!(
+        o.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut r = read_result(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+    (
+        r.f32s.remove("out").unwrap().1,
+        r.f32s.remove("lse").unwrap().1,
+    )
+}
+
+#[test]
+fn run_attention_huge_windows_and_nan_are_never_silent() {
+    // Windows near and past 2^32 wrapped in the kernels (outputs off by up to 3.3, exit 0):
+    // now a window at least as long as the keys is no window, bit for bit.
+    let p = Problem::new(4, 2, 32, 32, &[(3, 20), (1, 9)], 40);
+    let plain = attention_result("window-none", &p.file(), &[]);
+    for w in [
+        "4294967260",
+        "4294967295",
+        "4294967296",
+        "9223372036854775808",
+    ] {
+        let mut f = p.file();
+        f.meta("sliding_window", w);
+        assert_eq!(
+            attention_result(&format!("window-{w}"), &f, &[]),
+            plain,
+            "window {w}"
+        );
+    }
+    // A NaN in q made its row zeros with lse -inf; a NaN key (f32, or int8, whose row is then
+    // poisoned) vanished. Now those rows are NaN and every other row is unchanged, bit for bit.
+    let (hq, d) = (4, 32);
+    let mut nan_q = Problem::new(4, 2, 32, 32, &[(3, 20), (1, 9)], 40);
+    nan_q.q[(hq + 2) * d + 3] = f32::NAN; // token 1, head 2
+    let (out, lse) = attention_result("nan-q", &nan_q.file(), &[]);
+    for row in 0..4 * hq {
+        let o = &out[row * d..][..d];
+        if row == hq + 2 {
+            assert!(
+                o.iter().all(|x| x.is_nan()) && lse[row].is_nan(),
+                "row {row}"
+            );
+        } else {
+            assert_eq!(o, &plain.0[row * d..][..d], "row {row}");
+            assert_eq!(lse[row].to_bits(), plain.1[row].to_bits(), "row {row}");
+        }
+    }
+    let mut nan_k = Problem::new(4, 2, 32, 32, &[(3, 20), (1, 9)], 40);
+    nan_k.k[(5 * 2 + 1) * d + 7] = f32::NAN; // key 5 of sequence 0, KV head 1
+    for kv in ["f32", "int8", "fp8-e4m3"] {
+        let (out, lse) =
+            attention_result(&format!("nan-k-{kv}"), &nan_k.file(), &["--kv-dtype", kv]);
+        // Sequence 0's three queries (tokens 0..3) see key 5: heads 2 and 3 are NaN.
+        for token in 0..4 {
+            for h in 0..hq {
+                let row = token * hq + h;
+                let bad = token < 3 && h >= 2;
+                let o = &out[row * d..][..d];
+                assert_eq!(
+                    o.iter().all(|x| x.is_nan()),
+                    bad,
+                    "{kv} token {token} head {h}"
+                );
+                assert_eq!(
+                    o.iter().all(|x| x.is_finite()),
+                    !bad,
+                    "{kv} token {token} head {h}"
+                );
+                assert_eq!(lse[row].is_nan(), bad, "{kv} token {token} head {h}");
+            }
+        }
+    }
+}
