@@ -162,6 +162,9 @@ enum Opts {
     AlibiSinks,
     /// No causal mask.
     NonCausal,
+    /// Causal, with NaN and infinity planted in the data (README, "NaN, infinities and extreme
+    /// values"): the kernel must give NaN exactly where the reference does.
+    NanInf,
 }
 
 impl Opts {
@@ -171,6 +174,7 @@ impl Opts {
             Opts::WindowSoftcap => " window+softcap",
             Opts::AlibiSinks => " alibi+sinks+scale",
             Opts::NonCausal => " non-causal",
+            Opts::NanInf => " nan+inf",
         }
     }
 
@@ -196,6 +200,7 @@ impl Opts {
                 causal: false,
                 ..Default::default()
             },
+            Opts::NanInf => AttentionOptions::default(),
         }
     }
 }
@@ -525,6 +530,33 @@ fn grid(quick: bool, precisions: &[Precision]) -> Vec<Check> {
             }
         }
     }
+    // NaN and infinities: the f32 kernels (the f16 ones hold values in f16, whose own rounding
+    // the reference does not model), f32 storage and (full grid) the quantized formats, whose
+    // int8/int4 rows holding NaN or infinity read NaN.
+    let special_formats: &[KvFormat] = if quick {
+        &[KvFormat::same(KvDtype::F32)]
+    } else {
+        &[
+            KvFormat::same(KvDtype::F32),
+            KvFormat::same(KvDtype::F16),
+            KvFormat::mixed(KvDtype::Int8, KvDtype::Int4),
+            KvFormat::same(KvDtype::Fp8E4M3),
+        ]
+    };
+    for &format in special_formats {
+        for lens in [&decode_lens, &prefill_lens] {
+            checks.push(Check::Paged {
+                problem: Problem {
+                    shape: shape(64, 64, 8, 2),
+                    lens: lens.clone(),
+                    opts: Opts::NanInf,
+                },
+                format,
+                precision: Precision::F32,
+                block_size: next_block(),
+            });
+        }
+    }
     // KV decoders: every format, per-tensor and per-row FP8 scales.
     let dims: &[usize] = if quick {
         &[128]
@@ -608,15 +640,25 @@ struct Outcome {
 impl Outcome {
     /// An attention kernel's outcome: its output and lse against the oracle's, passing when
     /// both errors are within `bounds` (output, lse).
+    /// NaN and infinities count as exact where the reference has the same (README, "NaN,
+    /// infinities and extreme values"); an element no kernel wrote, as infinitely wrong.
     fn attention(got: &AttentionOutput, want: &AttentionOutput, bounds: (f64, f64)) -> Self {
         let (bound, lse_bound) = bounds;
-        let max_err = max_abs_err(&got.out, &want.out);
-        let lse_err = max_abs_err(&got.lse, &want.lse);
+        let max_err = special_aware_err(&got.out, &want.out);
+        let lse_err = special_aware_err(&got.lse, &want.lse);
         let pass = max_err <= bound && lse_err <= lse_bound;
+        // NMSE over the elements the reference gives a finite value.
+        let (g, w): (Vec<f32>, Vec<f32>) = got
+            .out
+            .iter()
+            .zip(&want.out)
+            .filter(|(_, w)| w.is_finite())
+            .map(|(&g, &w)| (g, w))
+            .unzip();
         Self {
             status: if pass { Status::Pass } else { Status::Fail },
             max_err,
-            nmse: nmse(&got.out, &want.out),
+            nmse: nmse(&g, &w),
             lse_err: Some(lse_err),
             note: (!pass).then(|| {
                 format!(
@@ -679,6 +721,27 @@ pub(crate) fn max_abs_err(got: &[f32], want: &[f32]) -> f64 {
                 0.0
             } else {
                 (f64::from(g) - f64::from(w)).abs()
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+/// [`max_abs_err`], except that NaN where the reference is NaN, and an infinity equal to the
+/// reference's, count as exact; an element still holding the unwritten-output sentinel is
+/// infinitely wrong.
+fn special_aware_err(got: &[f32], want: &[f32]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| {
+            if kvattn::gpu::is_unwritten(g) {
+                f64::INFINITY
+            } else if (g.is_nan() && w.is_nan()) || (w.is_infinite() && g == w) {
+                0.0
+            } else {
+                max_abs_err(&[g], &[w])
             }
         })
         .fold(0.0, f64::max)
@@ -807,12 +870,40 @@ impl ProblemData {
             *cu_k.last().unwrap() as usize,
         );
         let mut rng = Rng::new(seed);
-        Self {
+        let mut data = Self {
             q: rng.normals(tq * s.num_q_heads * s.head_dim_qk, 1.0),
             k: rng.normals(tk * s.num_kv_heads * s.head_dim_qk, 1.0),
             v: rng.normals(tk * s.num_kv_heads * s.head_dim_v, 1.0),
             cu_q,
             cu_k,
+        };
+        if p.opts == Opts::NanInf {
+            data.plant_specials(s);
+        }
+        data
+    }
+
+    /// NaN and infinity in the data, one kind per sequence: sequence 0's first query (head 0)
+    /// gets a NaN (its row is NaN); sequence 1's last key a NaN (only its last query sees it);
+    /// sequence 2's middle value an infinity and sequence 3's last value a NaN (one column of
+    /// the rows that see them).
+    fn plant_specials(&mut self, s: &AttentionShape) {
+        let (hkv, dk, dv) = (s.num_kv_heads, s.head_dim_qk, s.head_dim_v);
+        let key = |seq: usize, j: usize| self.cu_k[seq] as usize + j;
+        let len_k = |seq: usize| (self.cu_k[seq + 1] - self.cu_k[seq]) as usize;
+        let seqs = self.cu_q.len() - 1;
+        self.q[self.cu_q[0] as usize * s.num_q_heads * dk] = f32::NAN;
+        if seqs > 1 {
+            let j = key(1, len_k(1) - 1);
+            self.k[j * hkv * dk + 1] = f32::NAN;
+        }
+        if seqs > 2 {
+            let j = key(2, len_k(2) / 2);
+            self.v[j * hkv * dv + 2] = f32::INFINITY;
+        }
+        if seqs > 3 {
+            let j = key(3, len_k(3) - 1);
+            self.v[(j * hkv + hkv - 1) * dv + 3] = f32::NAN;
         }
     }
 
@@ -886,6 +977,7 @@ impl Verifier {
         let scale = want
             .out
             .iter()
+            .filter(|x| x.is_finite())
             .map(|x| f64::from(x.abs()))
             .fold(1.0, f64::max);
         let (bound, lse_bound) = match (precision, &oracle.f16) {
