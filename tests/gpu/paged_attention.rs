@@ -10,7 +10,7 @@ use kvattn::attention::paged::{
 use kvattn::attention::{AttentionOptions, AttentionShape, RaggedBatch};
 use kvattn::cache::paged::{PagedKvCache, PagedKvConfig, PoolSize};
 use kvattn::cache::scales::CacheScales;
-use kvattn::gpu::{AttentionKernel, Context, ContextOptions};
+use kvattn::gpu::{AttentionKernel, Context, ContextOptions, UNWRITTEN};
 use kvattn::quant::{decode_rows, encode_rows, per_tensor_scale, KvDtype, ScaleMode};
 use kvattn::reference;
 use kvattn::shader::Precision;
@@ -477,8 +477,8 @@ fn paged_equals_contiguous_and_split_equals_unsplit() {
     for split in [64usize, 1 << 20] {
         let plan = PagedAttentionPlan::with_split_tokens(ctx, &cache, &args, split).unwrap();
         let q = ctx.upload("q", &b.q).unwrap();
-        let out = ctx.filled("out", rows * 64, f32::NAN).unwrap();
-        let lse = ctx.filled("lse", rows, f32::NAN).unwrap();
+        let out = ctx.filled("out", rows * 64, UNWRITTEN).unwrap();
+        let lse = ctx.filled("lse", rows, UNWRITTEN).unwrap();
         plan.run(ctx, &cache, 0, &q, &out, &lse).unwrap();
         results.push((
             plan.num_items(),
@@ -759,8 +759,8 @@ fn cascade_prefix_pass_merged_with_suffix_pass_equals_full_attention() {
     let qb = ctx.upload("q", &q).unwrap();
     let state = |name: &str| {
         (
-            ctx.filled(name, rows * 64, f32::NAN).unwrap(),
-            ctx.filled(name, rows, f32::NAN).unwrap(),
+            ctx.filled(name, rows * 64, UNWRITTEN).unwrap(),
+            ctx.filled(name, rows, UNWRITTEN).unwrap(),
         )
     };
     // Pass 1: all queries over the prefix, non-causal (len_q > len_k is allowed then).

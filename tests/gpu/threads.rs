@@ -144,9 +144,9 @@ fn work(ctx: &Context, job: &Job) -> Outcome {
                 .upload("q", &rng.normals(q_rows * shape.head_dim_qk, 1.0))
                 .unwrap();
             let out = ctx
-                .filled("out", q_rows * shape.head_dim_v, f32::NAN)
+                .filled("out", q_rows * shape.head_dim_v, kvattn::gpu::UNWRITTEN)
                 .unwrap();
-            let lse = ctx.filled("lse", q_rows, f32::NAN).unwrap();
+            let lse = ctx.filled("lse", q_rows, kvattn::gpu::UNWRITTEN).unwrap();
             plan.run(ctx, &cache, layer, &q, &out, &lse).unwrap();
             let out: Vec<f32> = ctx.read_back(&out, q_rows * shape.head_dim_v).unwrap();
             let lse: Vec<f32> = ctx.read_back(&lse, q_rows).unwrap();
