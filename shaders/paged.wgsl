@@ -226,10 +226,13 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 let v = vec4<f32>(real4(kv_load4_codes(vp, row, c)));
                 for (var k = 0u; k < ACC_ROWS; k++) {
                     let t = acc_lane(tid) + k * LANES;
-                    let p = scores[t * WG + i];
-                    // Keys of probability 0 are skipped: 0 * inf or 0 * NaN must not reach a row.
-                    if t < it.n_rows && bits_nonzero(p) {
-                        acc[m * ACC_ROWS + k] += p * v;
+                    if t < it.n_rows {
+                        // Keys of probability 0 are skipped: 0 * inf or 0 * NaN must not reach
+                        // a row.
+                        let p = scores[t * WG + i];
+                        if bits_nonzero(p) {
+                            acc[m * ACC_ROWS + k] += p * v;
+                        }
                     }
                 }
             }
