@@ -153,7 +153,7 @@ mod tests {
             vec![f32::NEG_INFINITY, 1.0],
             vec![-3.4e38, 1.0],
             vec![f32::MAX, 0.0],
-            vec![65520.0, 0.0],
+            vec![-65520.0, 0.0],
         ] {
             let p = Int4Params::for_group(&g);
             assert!(p.is_poison(), "{g:?}");
