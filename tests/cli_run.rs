@@ -1168,13 +1168,28 @@ fn run_mla_rejects_invalid_input() {
     let nan_file = edit(&|c| {
         c.set(f32_t("c_kv", vec![11, sh.rank], &nan));
     });
-    rejects_op(
+    // A NaN latent value is stored (an int8 row holding it is poisoned) and shows: the queries
+    // of sequence 0 all see token 0, so their rows are NaN; sequence 1's are not.
+    let dir = temp_dir("mla-nan");
+    let (case, out) = (dir.join("case.safetensors"), dir.join("out.safetensors"));
+    nan_file.write(&case);
+    let o = kvattn(&[
+        "run",
         "mla",
-        "mla-nan",
-        Some(&nan_file),
-        &["--kv-dtype", "int8"],
-        "finite",
-    );
+        "--in",
+        s(&case),
+        "--out",
+        s(&out),
+        "--kv-dtype",
+        "int8",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = read_result(&out);
+    let (shape, lse) = &r.f32s["lse"];
+    let first = p.cu_q[1] as usize * shape[1];
+    assert!(lse[..first].iter().all(|x| x.is_nan()), "{lse:?}");
+    assert!(lse[first..].iter().all(|x| x.is_finite()), "{lse:?}");
+    let _ = std::fs::remove_dir_all(&dir);
     let scaled = edit(&|c| {
         c.meta("latent_scale", "0.5");
     });
