@@ -56,14 +56,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var i = 0u; i < count; i++) {
             let x = lse_part[((first + i) * params.num_kv_heads + kv_head) * TILE + t];
             bad = bad || bits_nan(x);
-            m = max(m, select(state_lse(x), MASKED, bits_nan(x)));
+            m = max(m, state_lse(x));
         }
         var l = 0.0;
         var o = vec4<f32>(0.0);
         for (var i = 0u; i < count; i++) {
             let p = ((first + i) * params.num_kv_heads + kv_head) * TILE + t;
             let x = lse_part[p];
-            let w = softmax_weight(select(state_lse(x), MASKED, bits_nan(x)), m);
+            let w = softmax_weight(state_lse(x), m);
             if bits_nonzero(w) {
                 l += w;
                 o += w * o_part[p * dv4 + c];

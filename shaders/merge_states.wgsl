@@ -31,8 +31,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let r = i / dv4;
     let bad = bits_nan(lse_a[r]) || bits_nan(lse_b[r]);
-    let la = select(state_lse(lse_a[r]), MASKED, bad);
-    let lb = select(state_lse(lse_b[r]), MASKED, bad);
+    let la = state_lse(lse_a[r]);
+    let lb = state_lse(lse_b[r]);
     let m = max(MASKED, max(la, lb));
     let wa = softmax_weight(la, m);
     let wb = softmax_weight(lb, m);

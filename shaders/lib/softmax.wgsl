@@ -81,10 +81,10 @@ fn softmax_lse(m: f32, l: f32) -> f32 {
     return select(bitcast<f32>(NEG_INF_BITS), m + log(l), l > 0.0);
 }
 
-// A partial or merged state's lse as a merge reads it: MASKED for -inf (no key), else itself
-// (callers test for NaN first).
+// A partial or merged state's lse as a merge weighs it: MASKED for -inf (no key) and for NaN
+// (a poisoned state, which the caller reports through bits_nan), else itself.
 fn state_lse(lse: f32) -> f32 {
-    return select(lse, MASKED, bits_neg_inf(lse));
+    return select(lse, MASKED, bits_neg_inf(lse) || bits_nan(lse));
 }
 
 // Folds a sink logit into a finished row state (m, l): returns (m', l', factor) where factor
