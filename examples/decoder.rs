@@ -16,7 +16,7 @@
 
 use std::io::Write;
 
-use kvattn::decoder::generate::{generate_text, TextOptions};
+use kvattn::decoder::generate::{generate_text, per_step_line, TextOptions};
 use kvattn::decoder::load::load_gguf;
 use kvattn::decoder::toy::{self, ToyOptions, ToyReport};
 use kvattn::gpu::Context;
@@ -52,7 +52,10 @@ fn parse() -> Result<Opts> {
         json: false,
         quick: false,
         model: None,
-        text: TextOptions::default(),
+        text: TextOptions {
+            profile: true,
+            ..TextOptions::default()
+        },
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let bad = |m: String| Error::InvalidArgument(m);
@@ -223,6 +226,15 @@ fn run() -> Result<()> {
         println!("{}", toy_json(&report));
     } else {
         print_toy(&report);
+        let steps = &report.decode_profile;
+        let wall: f64 = steps.iter().map(|p| p.wall_seconds).sum();
+        println!(
+            "\ndecode: {} tokens in {:.2} s ({:.2} tokens/s), the first length's cached run",
+            steps.len(),
+            wall,
+            steps.len() as f64 / wall.max(1e-9)
+        );
+        println!("{}", per_step_line(steps));
     }
     Ok(())
 }
@@ -267,5 +279,6 @@ fn run_model(ctx: &Context, path: &str, opts: &TextOptions) -> Result<()> {
         stats.decode_seconds,
         stats.decode_tokens as f64 / stats.decode_seconds.max(1e-9)
     );
+    eprintln!("{}", per_step_line(&stats.decode_profile));
     Ok(())
 }

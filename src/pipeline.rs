@@ -120,6 +120,7 @@ impl Context {
                 },
                 other => other,
             })?;
+        self.count_pipeline();
         // Another thread may have built the same pipeline meanwhile: keep the first, so every
         // caller shares one.
         let pipeline = self
@@ -134,44 +135,22 @@ impl Context {
     }
 
     /// Binds `buffers` to bindings 0, 1, ... of group 0 (layout taken from the shader), records
-    /// one dispatch of `workgroups` and submits it. wgpu errors become [`Error::Gpu`] (or
-    /// [`Error::OutOfMemory`], [`Error::DeviceLost`]).
+    /// one dispatch of `workgroups` and submits it. A refused bind group is [`Error::Gpu`] (or
+    /// [`Error::OutOfMemory`], [`Error::DeviceLost`]) from this call; errors of the submission
+    /// come back at the next sync point (see [`Context::submit`]).
     pub fn dispatch(
         &self,
-        pipeline: &wgpu::ComputePipeline,
+        pipeline: &Arc<wgpu::ComputePipeline>,
         buffers: &[&wgpu::Buffer],
         workgroups: [u32; 3],
     ) -> Result<()> {
-        let max = self.caps().max_compute_workgroups_per_dimension;
-        if workgroups.iter().any(|&n| n > max) {
-            return Err(Error::InvalidArgument(format!(
-                "dispatch of {workgroups:?} workgroups exceeds the adapter's {max} per dimension"
-            )));
-        }
-        self.scoped("dispatch", || {
-            let entries: Vec<wgpu::BindGroupEntry> = buffers
-                .iter()
-                .enumerate()
-                .map(|(i, b)| wgpu::BindGroupEntry {
-                    binding: i as u32,
-                    resource: b.as_entire_binding(),
-                })
-                .collect();
-            let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout: &pipeline.get_bind_group_layout(0),
-                entries: &entries,
-            });
-            let mut encoder = self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-            {
-                let mut pass = self.begin_compute_pass(&mut encoder, None);
-                pass.set_pipeline(pipeline);
-                pass.set_bind_group(0, &bind_group, &[]);
-                pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
-            }
-            self.queue.submit([encoder.finish()]);
-        })
+        let resources: Vec<wgpu::BindingResource> =
+            buffers.iter().map(|b| b.as_entire_binding()).collect();
+        let dispatch = self.prepare_dispatch("dispatch", pipeline, &resources, workgroups)?;
+        self.run_pass("dispatch", |pass| {
+            dispatch.encode(pass);
+            Ok(())
+        })?;
+        Ok(())
     }
 }

@@ -201,7 +201,7 @@ pub fn rope(
         };
         let bytes = pos.len() as u64 * token_bytes;
         chunks.push(Chunk {
-            uniform: ctx.uniform("rope params", &params),
+            uniform: ctx.uniform("rope params", &params)?,
             positions: ctx.upload("rope positions", pos)?,
             offset: (c * per) as u64 * token_bytes,
             bytes: NonZeroU64::new(bytes)
@@ -209,7 +209,6 @@ pub fn rope(
             grid: [gx, gy as u32],
         });
     }
-    let layout = pipeline.get_bind_group_layout(0);
     let range = |buffer, chunk: &Chunk| {
         wgpu::BindingResource::Buffer(wgpu::BufferBinding {
             buffer,
@@ -217,42 +216,20 @@ pub fn rope(
             size: Some(chunk.bytes),
         })
     };
-    ctx.scoped("rope dispatch", || {
-        let mut encoder = ctx
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("rope"),
-            });
-        {
-            let mut pass = ctx.begin_compute_pass(&mut encoder, None);
-            pass.set_pipeline(&pipeline);
-            for chunk in &chunks {
-                let resources = [
-                    chunk.uniform.as_entire_binding(),
-                    range(x, chunk),
-                    chunk.positions.as_entire_binding(),
-                    turns.as_entire_binding(),
-                    range(out, chunk),
-                ];
-                let entries: Vec<wgpu::BindGroupEntry> = resources
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, resource)| wgpu::BindGroupEntry {
-                        binding: i as u32,
-                        resource,
-                    })
-                    .collect();
-                let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("rope"),
-                    layout: &layout,
-                    entries: &entries,
-                });
-                pass.set_bind_group(0, &bind_group, &[]);
-                pass.dispatch_workgroups(chunk.grid[0], chunk.grid[1], 1);
-            }
-        }
-        ctx.queue.submit([encoder.finish()]);
-    })
+    let dispatches = chunks
+        .iter()
+        .map(|chunk| {
+            let resources = vec![
+                chunk.uniform.as_entire_binding(),
+                range(x, chunk),
+                chunk.positions.as_entire_binding(),
+                turns.as_entire_binding(),
+                range(out, chunk),
+            ];
+            (resources, [chunk.grid[0], chunk.grid[1], 1])
+        })
+        .collect();
+    crate::gpu::dispatch::submit_dispatches(ctx, "rope", &pipeline, dispatches)
 }
 
 /// A storage buffer holding `data`, sized by the adapter's buffer limit rather than its binding

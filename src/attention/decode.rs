@@ -150,7 +150,7 @@ pub fn decode(ctx: &Context, args: &DecodeArgs) -> Result<()> {
         &seqs,
         paged::SPLIT_TOKENS,
     )?;
-    let ones = ctx.uniform("unit scale", &geometry.k.tensor_scale()?);
+    let ones = ctx.uniform("unit scale", &geometry.k.tensor_scale()?)?;
     plan.run_on(
         ctx,
         &[(args.k, args.v)],

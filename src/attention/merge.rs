@@ -59,7 +59,7 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
 
 /// Buffers of one merge.
 pub(crate) struct MergeArgs<'a> {
-    pub pipeline: &'a wgpu::ComputePipeline,
+    pub pipeline: &'a std::sync::Arc<wgpu::ComputePipeline>,
     /// A uniform holding the [`MergeParams`].
     pub params: &'a wgpu::Buffer,
     pub num_tiles: usize,

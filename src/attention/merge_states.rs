@@ -86,7 +86,7 @@ pub fn merge_states(
         &[("V_DIM", head_dim_v as f64)],
     );
     let pipeline = ctx.pipeline(&key)?;
-    let uniform = ctx.uniform("merge states params", &params);
+    let uniform = ctx.uniform("merge states params", &params)?;
     ctx.dispatch(
         &pipeline,
         &[&uniform, a.o, a.lse, b.o, b.lse, out.o, out.lse],

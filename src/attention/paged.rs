@@ -706,9 +706,9 @@ impl PagedAttentionPlan {
                     list_len: list_len as u32,
                     ..Default::default()
                 };
-                (buffer, list_len, ctx.uniform("paged params", &params))
+                Ok((buffer, list_len, ctx.uniform("paged params", &params)?))
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         let merge_params = MergeParams {
             num_q_heads: shape.num_q_heads as u32,
             num_kv_heads: hkv as u32,
@@ -729,7 +729,7 @@ impl PagedAttentionPlan {
             num_items: items.len(),
             num_tiles: tiles.len(),
             dispatches,
-            merge_params: ctx.uniform("merge params", &merge_params),
+            merge_params: ctx.uniform("merge params", &merge_params)?,
             meta: ctx.upload("attention plan", &meta)?,
             o_part: ctx.filled(
                 "partial o",

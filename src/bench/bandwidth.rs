@@ -60,7 +60,7 @@ pub fn copy_bytes(
         stride: workgroups * COPY_WG,
         ..Default::default()
     };
-    let uniform = ctx.uniform("bandwidth params", &params);
+    let uniform = ctx.uniform("bandwidth params", &params)?;
     let key = PipelineKey::new(
         ShaderVariant::new(Kernel::Bandwidth, Precision::F32),
         &[("WG", f64::from(COPY_WG))],

@@ -150,7 +150,7 @@ fn copy_ceiling(ctx: &Context, opts: &CeilingOptions) -> Result<(Vec<Trial>, u64
         )));
     }
     let make = |label| {
-        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        ctx.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: bytes,
             usage: STORAGE,
@@ -158,8 +158,8 @@ fn copy_ceiling(ctx: &Context, opts: &CeilingOptions) -> Result<(Vec<Trial>, u64
         })
     };
     let pairs: Vec<(wgpu::Buffer, wgpu::Buffer)> = (0..opts.pairs)
-        .map(|_| (make("copy source"), make("copy destination")))
-        .collect();
+        .map(|_| Ok((make("copy source")?, make("copy destination")?)))
+        .collect::<Result<_>>()?;
     let max = ctx.caps().max_compute_workgroups_per_dimension;
     // Touch every buffer once so that first-use clears are not timed.
     for (src, dst) in &pairs {
@@ -193,12 +193,12 @@ fn fma_ceiling(ctx: &Context, opts: &CeilingOptions, precision: Precision) -> Re
     let mut best: f64 = 0.0;
     for &wg in &opts.fma_workgroups {
         let wg = wg.clamp(1, max);
-        let out = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        let out = ctx.create_buffer(&wgpu::BufferDescriptor {
             label: Some("fma output"),
             size: u64::from(wg) * u64::from(FMA_WG) * 16,
             usage: STORAGE,
             mapped_at_creation: false,
-        });
+        })?;
         // Calibrate the step count to the time asked for.
         let mut iters = 16u32;
         let (_, t) = ctx.timed(|| fma_chains(ctx, precision, &out, wg, iters))?;

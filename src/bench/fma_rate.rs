@@ -65,7 +65,7 @@ pub fn fma_chains(
             iters,
             ..Default::default()
         },
-    );
+    )?;
     let key = PipelineKey::new(
         ShaderVariant::new(Kernel::FmaRate, precision),
         &[("WG", f64::from(FMA_WG))],

@@ -157,7 +157,7 @@ impl AppendRows {
                     first_block: (buffer * pool.blocks_per_buffer()) as u32,
                     ..Default::default()
                 };
-                let uniform = ctx.uniform("append params", &params);
+                let uniform = ctx.uniform("append params", &params)?;
                 dispatches.push((buffer, n, list.clone(), uniform));
                 base += n;
             }

@@ -35,9 +35,7 @@ pub fn copy_blocks(ctx: &Context, pool: &BlockPool, pairs: &[(BlockId, BlockId)]
     }
     let bytes = pool.layout().block_bytes();
     let mut same_buffer: Vec<Vec<u32>> = vec![Vec::new(); pool.buffers().len()];
-    let mut encoder = ctx
-        .device
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+    let mut encoder = ctx.encoder("copy blocks between buffers");
     for &(src, dst) in pairs {
         let (sb, sl) = pool.locate(src)?;
         let (db, dl) = pool.locate(dst)?;
@@ -53,9 +51,7 @@ pub fn copy_blocks(ctx: &Context, pool: &BlockPool, pairs: &[(BlockId, BlockId)]
             );
         }
     }
-    ctx.scoped("copy blocks between buffers", || {
-        ctx.queue.submit([encoder.finish()])
-    })?;
+    ctx.submit("copy blocks between buffers", encoder)?;
     let key = PipelineKey::new(ShaderVariant::new(Kernel::CopyBlocks, Precision::F32), &[]);
     // Pairs per dispatch: within the workgroup limit and the (possibly capped) binding size.
     let caps = ctx.caps();
@@ -72,7 +68,7 @@ pub fn copy_blocks(ctx: &Context, pool: &BlockPool, pairs: &[(BlockId, BlockId)]
                 block_words: pool.layout().block_words() as u32,
                 ..Default::default()
             };
-            let uniform = ctx.uniform("copy params", &params);
+            let uniform = ctx.uniform("copy params", &params)?;
             let list = ctx.upload("copy pairs", chunk)?;
             ctx.dispatch(
                 &pipeline,

@@ -174,18 +174,16 @@ impl BlockPool {
                 "a pool needs 1 to 2^31 - 1 blocks, not {num_blocks}"
             )));
         }
-        let scale_uniform = ctx.uniform("tensor scale", &layout.tensor_scale()?);
+        let scale_uniform = ctx.uniform("tensor scale", &layout.tensor_scale()?)?;
         let mut buffers = Vec::new();
         let mut left = num_blocks;
         while left > 0 {
             let n = left.min(blocks_per_buffer);
-            let buffer = ctx.scoped(label, || {
-                ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some(label),
-                    size: n as u64 * layout.block_bytes(),
-                    usage: STORAGE,
-                    mapped_at_creation: false,
-                })
+            let buffer = ctx.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: n as u64 * layout.block_bytes(),
+                usage: STORAGE,
+                mapped_at_creation: false,
             })?;
             buffers.push(buffer);
             left -= n;
@@ -252,27 +250,23 @@ impl BlockPool {
             .iter()
             .map(|&b| self.locate(b))
             .collect::<Result<Vec<_>>>()?;
-        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        let staging = ctx.create_buffer(&wgpu::BufferDescriptor {
             label: Some("kvattn block readback"),
             size: total,
             usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
-        });
-        ctx.scoped("read blocks", || {
-            let mut encoder = ctx
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-            for (i, &(buf, local)) in located.iter().enumerate() {
-                encoder.copy_buffer_to_buffer(
-                    &self.buffers[buf],
-                    local as u64 * bytes,
-                    &staging,
-                    i as u64 * bytes,
-                    bytes,
-                );
-            }
-            ctx.queue.submit([encoder.finish()]);
         })?;
+        let mut encoder = ctx.encoder("read blocks");
+        for (i, &(buf, local)) in located.iter().enumerate() {
+            encoder.copy_buffer_to_buffer(
+                &self.buffers[buf],
+                local as u64 * bytes,
+                &staging,
+                i as u64 * bytes,
+                bytes,
+            );
+        }
+        ctx.submit("read blocks", encoder)?;
         ctx.read_back(&staging, (total / 4) as usize)
     }
 
@@ -290,15 +284,14 @@ impl BlockPool {
             .iter()
             .map(|&b| self.locate(b))
             .collect::<Result<Vec<_>>>()?;
-        ctx.scoped("write blocks", || {
-            for (chunk, &(buf, local)) in words.chunks(bw).zip(&located) {
-                ctx.queue.write_buffer(
-                    &self.buffers[buf],
-                    local as u64 * self.layout.block_bytes(),
-                    bytemuck::cast_slice(chunk),
-                );
-            }
-        })
+        for (chunk, &(buf, local)) in words.chunks(bw).zip(&located) {
+            ctx.write_buffer(
+                &self.buffers[buf],
+                local as u64 * self.layout.block_bytes(),
+                bytemuck::cast_slice(chunk),
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 use super::load::LoadedModel;
 use super::sampling::{Sampler, Sampling};
 use crate::cache::paged::{PagedKvCache, PoolSize};
-use crate::gpu::Context;
+use crate::gpu::{Context, Counters};
 use crate::quant::KvDtype;
 use crate::shader::Precision;
 use crate::{Error, Result};
@@ -26,6 +26,9 @@ pub struct TextOptions {
     pub kv_dtype: KvDtype,
     /// Attention kernel precision (used when the model is loaded).
     pub precision: Precision,
+    /// Profile every decode step ([`TextStats::decode_profile`]): device timestamps around
+    /// the step and a queue sync before it.
+    pub profile: bool,
 }
 
 impl Default for TextOptions {
@@ -38,6 +41,7 @@ impl Default for TextOptions {
             sampling: Sampling::default(),
             kv_dtype: KvDtype::F16,
             precision: Precision::F32,
+            profile: false,
         }
     }
 }
@@ -61,6 +65,74 @@ pub struct TextStats {
     pub decode_seconds: f64,
     /// The logits the first generated token was chosen from.
     pub first_logits: Vec<f32>,
+    /// What each decode step did on the device (with [`TextOptions::profile`]).
+    pub decode_profile: Vec<StepProfile>,
+}
+
+/// What one decode step cost: what it created and submitted, and where its time went.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepProfile {
+    /// Submissions, buffers, bind groups, pipelines and uploads of the step.
+    pub counters: Counters,
+    /// Wall-clock seconds of the step (host recording, device work, readback).
+    pub wall_seconds: f64,
+    /// Seconds the step's compute passes ran on the device (timestamps), or the wall clock
+    /// where the adapter has no timestamps.
+    pub device_seconds: f64,
+}
+
+impl StepProfile {
+    /// Host seconds: the wall clock less the device time.
+    pub fn host_seconds(&self) -> f64 {
+        (self.wall_seconds - self.device_seconds).max(0.0)
+    }
+}
+
+/// Runs `f` (one step) with its counters and device time measured: the queue is synced
+/// before it, and its compute passes carry timestamps where the adapter has them.
+pub fn profiled<T>(ctx: &Context, f: impl FnOnce() -> Result<T>) -> Result<(T, StepProfile)> {
+    let start = Instant::now();
+    let ((value, counters), timing) = ctx.timed(|| {
+        let before = ctx.counters();
+        let value = f()?;
+        Ok((value, ctx.counters().since(&before)))
+    })?;
+    Ok((
+        value,
+        StepProfile {
+            counters,
+            wall_seconds: start.elapsed().as_secs_f64(),
+            device_seconds: timing.busy_seconds,
+        },
+    ))
+}
+
+/// The median of `values` (0 when empty).
+pub fn median(mut values: Vec<f64>) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// `per decode step: S submissions, B buffers, G bind groups, host H ms, device D ms`: the
+/// medians over `steps` (the decoder example prints it after generating).
+pub fn per_step_line(steps: &[StepProfile]) -> String {
+    let m = |f: &dyn Fn(&StepProfile) -> f64| median(steps.iter().map(f).collect());
+    format!(
+        "per decode step: {} submissions, {} buffers, {} bind groups, host {:.2} ms, device {:.2} ms",
+        m(&|p| p.counters.submissions as f64),
+        m(&|p| p.counters.buffers_created as f64),
+        m(&|p| p.counters.bind_groups_created as f64),
+        m(&|p| p.host_seconds() * 1e3),
+        m(&|p| p.device_seconds * 1e3),
+    )
 }
 
 /// The prompt's token ids under `opts` (chat template unless raw).
@@ -106,6 +178,7 @@ pub fn generate_text(
     let mut logits = first_logits.clone();
     let t1 = Instant::now();
     let mut decode_tokens = 0;
+    let mut decode_profile = Vec::new();
     while ids.len() < opts.max_tokens {
         let next = sampler.sample(&logits)?;
         if Some(next) == eos {
@@ -120,7 +193,14 @@ pub fn generate_text(
         if ids.len() == opts.max_tokens {
             break;
         }
-        logits = model.forward(ctx, &mut cache, &[(seq, &[next])])?.logits;
+        let step = [(seq, &[next][..])];
+        logits = if opts.profile {
+            let (out, profile) = profiled(ctx, || model.forward(ctx, &mut cache, &step))?;
+            decode_profile.push(profile);
+            out.logits
+        } else {
+            model.forward(ctx, &mut cache, &step)?.logits
+        };
         decode_tokens += 1;
     }
     let rest = stream.finish();
@@ -137,5 +217,6 @@ pub fn generate_text(
         decode_tokens,
         decode_seconds: t1.elapsed().as_secs_f64(),
         first_logits,
+        decode_profile,
     })
 }

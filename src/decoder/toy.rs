@@ -10,6 +10,7 @@
 
 use std::time::Instant;
 
+use super::generate::{profiled, StepProfile};
 use super::model::{Decoder, DecoderConfig, HostLayer, HostWeights};
 use super::sampling::argmax;
 use crate::cache::paged::{PagedKvCache, PoolSize};
@@ -95,6 +96,8 @@ pub struct Generation {
     pub seconds: f64,
     /// Seconds of each step (the first is the cached run's prompt prefill).
     pub step_seconds: Vec<f64>,
+    /// The cached run's decode steps, profiled (empty when recomputing).
+    pub profile: Vec<StepProfile>,
 }
 
 /// Greedy generation from `prompt` to `length` tokens, with the KV cache (`cached`) or
@@ -117,6 +120,7 @@ pub fn generate(
     let mut logits = Vec::new();
     let mut flops = 0;
     let mut step_seconds = Vec::new();
+    let mut profile = Vec::new();
     let start = Instant::now();
     while tokens.len() < length {
         let t = Instant::now();
@@ -126,7 +130,13 @@ pub fn generate(
             } else {
                 &tokens[tokens.len() - 1..]
             };
-            model.forward(ctx, &mut cache, &[(seq, new)])?
+            if logits.is_empty() {
+                model.forward(ctx, &mut cache, &[(seq, new)])?
+            } else {
+                let (step, p) = profiled(ctx, || model.forward(ctx, &mut cache, &[(seq, new)]))?;
+                profile.push(p);
+                step
+            }
         } else {
             cache.free(seq)?;
             cache.add_sequence(seq, &[])?;
@@ -143,6 +153,7 @@ pub fn generate(
         flops,
         seconds: start.elapsed().as_secs_f64(),
         step_seconds,
+        profile,
     })
 }
 
@@ -190,6 +201,8 @@ pub struct ToyReport {
     pub lengths: Vec<LengthResult>,
     /// MHA, GQA and MQA.
     pub cache_bytes: Vec<CacheBytes>,
+    /// The decode steps of the first length's cached run, profiled.
+    pub decode_profile: Vec<StepProfile>,
 }
 
 fn median(mut x: Vec<f64>) -> f64 {
@@ -242,8 +255,12 @@ pub fn run(ctx: &Context, opts: &ToyOptions) -> Result<ToyReport> {
         .map(|_| (r.uniform() * config.vocab as f64) as u32 % config.vocab as u32)
         .collect();
     let mut lengths = Vec::new();
+    let mut decode_profile = Vec::new();
     for &length in &opts.lengths {
         let with = generate(ctx, &model, &prompt, length, true)?;
+        if decode_profile.is_empty() {
+            decode_profile = with.profile.clone();
+        }
         let without = generate(ctx, &model, &prompt, length, false)?;
         let mut max_diff = 0.0f64;
         for (a, b) in with.logits.iter().zip(&without.logits) {
@@ -318,5 +335,6 @@ pub fn run(ctx: &Context, opts: &ToyOptions) -> Result<ToyReport> {
     Ok(ToyReport {
         lengths,
         cache_bytes,
+        decode_profile,
     })
 }

@@ -64,14 +64,13 @@ impl Context {
             .saturating_mul(wgpu::COPY_BUFFER_ALIGNMENT)
             .max(min_bytes)
             .max(wgpu::COPY_BUFFER_ALIGNMENT);
-        let buffer = self.scoped(label, || {
-            self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(label),
-                size,
-                usage,
-                mapped_at_creation: true,
-            })
+        let buffer = self.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: true,
         })?;
+        self.count_upload(contents.len() as u64);
         fill_mapped(&buffer, contents)
             .map_err(|e| self.lost_or(Error::Gpu(format!("{label}: filling a new buffer: {e}"))))?;
         self.scoped(label, || buffer.unmap())?;
@@ -88,30 +87,15 @@ impl Context {
         self.buffer_with(label, bytes, MIN_BYTES, STORAGE)
     }
 
-    /// A uniform buffer holding one parameter struct.
-    ///
-    /// This cannot fail on a healthy device short of running out of memory, so it returns the
-    /// buffer rather than a `Result`. When creation does fail (out of memory, device lost) the
-    /// buffer is invalid and nothing panics: inside [`Context::scoped`] the error is that
-    /// scope's, otherwise the device-wide handler records it and the next [`Context::wait`] or
-    /// [`Context::read_back`] returns it; a dispatch that binds the buffer fails with
-    /// [`Error::Gpu`] in its own scope. No result is ever computed from it silently.
-    pub fn uniform<T: Pod>(&self, label: &str, value: &T) -> wgpu::Buffer {
-        let contents = bytemuck::bytes_of(value);
-        let size = (contents.len() as u64)
-            .div_ceil(wgpu::COPY_BUFFER_ALIGNMENT)
-            .max(1)
-            * wgpu::COPY_BUFFER_ALIGNMENT;
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage: wgpu::BufferUsages::UNIFORM,
-            mapped_at_creation: true,
-        });
-        // An invalid buffer has no mapping; its creation error is already reported.
-        let _ = fill_mapped(&buffer, contents);
-        buffer.unmap();
-        buffer
+    /// A uniform buffer holding one parameter struct (with `COPY_DST`, so a plan can rewrite
+    /// it with [`Context::write_buffer`]). Fails as [`Context::create_buffer`].
+    pub fn uniform<T: Pod>(&self, label: &str, value: &T) -> Result<wgpu::Buffer> {
+        self.buffer_with(
+            label,
+            bytemuck::bytes_of(value),
+            wgpu::COPY_BUFFER_ALIGNMENT,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        )
     }
 
     /// A storage buffer of `len` elements, every one set to `fill`. Outputs are pre-filled with
@@ -120,72 +104,6 @@ impl Context {
         let bytes = (len.max(1) as u64).saturating_mul(std::mem::size_of::<T>() as u64);
         self.check_binding(label, bytes)?;
         self.upload(label, &vec![fill; len.max(1)])
-    }
-
-    /// Copies the first `len` elements of `buffer` back to the host and waits for them.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] when `buffer` holds fewer than `len` elements;
-    /// [`Error::Gpu`] when wgpu refuses the copy (for example `buffer` lacks `COPY_SRC`) or the
-    /// mapping fails, and as [`Context::wait`] (device loss, an earlier uncaptured error).
-    pub fn read_back<T: Pod>(&self, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<T>> {
-        let bytes = len
-            .checked_mul(std::mem::size_of::<T>())
-            .map_or(u64::MAX, |b| b as u64);
-        if bytes > buffer.size() {
-            return Err(Error::InvalidArgument(format!(
-                "read_back of {len} elements of {} bytes from a buffer of {} bytes",
-                std::mem::size_of::<T>(),
-                buffer.size()
-            )));
-        }
-        self.check_lost()?;
-        if bytes == 0 {
-            return Ok(Vec::new());
-        }
-        // Copies must be multiples of 4 bytes.
-        let copy = bytes.div_ceil(4) * 4;
-        let (tx, rx) = std::sync::mpsc::channel();
-        let staging = self.scoped("readback", || {
-            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("kvattn readback"),
-                size: copy,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            let mut encoder = self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-            encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, copy);
-            self.queue.submit([encoder.finish()]);
-            staging.map_async(wgpu::MapMode::Read, .., move |r| {
-                let _ = tx.send(r);
-            });
-            staging
-        })?;
-        self.wait()?;
-        rx.recv()
-            .map_err(|_| self.lost_or(Error::Gpu("readback callback never ran".into())))?
-            .map_err(|e| self.lost_or(Error::Gpu(format!("mapping a readback buffer: {e}"))))?;
-        let view = staging
-            .get_mapped_range(..)
-            .map_err(|e| self.lost_or(Error::Gpu(format!("mapped range: {e}"))))?;
-        let out = bytemuck::pod_collect_to_vec(&view[..bytes as usize]);
-        drop(view);
-        staging.unmap();
-        Ok(out)
-    }
-
-    /// Blocks until the device has finished all submitted work.
-    ///
-    /// # Errors
-    /// [`Error::DeviceLost`] once the device is lost; the first error wgpu raised outside any
-    /// error scope since the last wait or readback (on any thread), as [`Error::Gpu`] or
-    /// [`Error::OutOfMemory`]; [`Error::Gpu`] when the wait itself fails.
-    pub fn wait(&self) -> Result<()> {
-        self.check_lost()?;
-        self.poll(wgpu::PollType::wait_indefinitely())?;
-        self.take_uncaptured()
     }
 }
 

@@ -2,6 +2,8 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::counters::AtomicCounters;
+use super::record::{gpu_error, PendingScope};
 use crate::pipeline::PipelineCache;
 use crate::{Error, Result};
 
@@ -82,6 +84,25 @@ pub struct AdapterSummary {
     pub driver_info: String,
 }
 
+/// What kvattn needs to know about the adapter of a device it did not open (see
+/// [`Context::from_wgpu`]).
+#[derive(Debug, Clone)]
+pub struct AdapterFacts {
+    /// The adapter's info (name, backend, device type, subgroup sizes).
+    pub info: wgpu::AdapterInfo,
+    /// Its downlevel capabilities (whether shaders may convert f16 in f32).
+    pub downlevel: wgpu::DownlevelCapabilities,
+}
+
+impl From<&wgpu::Adapter> for AdapterFacts {
+    fn from(adapter: &wgpu::Adapter) -> Self {
+        Self {
+            info: adapter.get_info(),
+            downlevel: adapter.get_downlevel_capabilities(),
+        }
+    }
+}
+
 /// What the device was created with: the optional features the kernels can use and the limits
 /// they plan with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,15 +159,19 @@ impl Capabilities {
 /// threads at once (it is `Send + Sync` on native targets).
 ///
 /// # GPU errors
-/// wgpu's own default turns every error it raises into a panic. A context instead creates
-/// buffers, records work and submits it inside error scopes ([`Context::scoped`]), so a
-/// validation error, out-of-memory or internal error of a call comes back from that call as
-/// [`Error::Gpu`] or [`Error::OutOfMemory`]. Errors wgpu raises outside any scope (work recorded
-/// on [`Context::device`] directly, or a uniform buffer that could not be created) are recorded
-/// by a device-wide handler, and the next [`Context::wait`] or [`Context::read_back`] on any
-/// thread returns the first of them. When the device is lost (or destroyed with
-/// `device.destroy()`), every later call returns [`Error::DeviceLost`]; a destroyed device is
-/// noticed at the next wait, readback or upload.
+/// wgpu's own default turns every error it raises into a panic. kvattn never relies on it: it
+/// creates buffers and bind groups inside error scopes (a refused creation comes back from that
+/// call as [`Error::Gpu`] or [`Error::OutOfMemory`]), and gives every submission one set of
+/// scopes whose errors come back, typed, from the next readback or
+/// [`Context::check_errors`] / [`Context::wait`] (see [`Context::submit`]).
+///
+/// A context that opened its own device ([`Context::new`], [`Context::new_async`]) also
+/// installs a device-wide handler for errors raised outside any scope (work recorded on
+/// [`Context::device`] directly) and a device-lost callback; the next sync point returns what
+/// they saw. A context made with [`Context::from_wgpu`] installs neither: the device's handlers
+/// belong to the application, and kvattn's own errors still come back through its scopes.
+/// When the device is lost (or destroyed with `device.destroy()`), every later call returns
+/// [`Error::DeviceLost`]; a destroyed device is noticed at the next wait, readback or upload.
 pub struct Context {
     /// The wgpu device.
     pub device: wgpu::Device,
@@ -157,6 +182,11 @@ pub struct Context {
     pub(crate) pipelines: PipelineCache,
     pub(crate) clock: super::timing::PassClock,
     health: Arc<DeviceHealth>,
+    pub(crate) counters: AtomicCounters,
+    /// Error scopes of submissions whose results the next sync point reports.
+    pub(crate) pending: Mutex<Vec<PendingScope>>,
+    /// Whether kvattn opened the device (and so installed its error and loss handlers).
+    owns_device: bool,
 }
 
 /// What wgpu reported outside kvattn's error scopes, shared with the device's callbacks: device
@@ -211,14 +241,6 @@ impl DeviceHealth {
     }
 }
 
-/// A wgpu error raised while doing `what`, as the crate's error.
-fn gpu_error(what: &str, error: wgpu::Error) -> Error {
-    match error {
-        wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory(what.to_string()),
-        other => Error::Gpu(format!("{what}: {other}")),
-    }
-}
-
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
@@ -266,12 +288,15 @@ impl Context {
         Self::with_options(&ContextOptions::default())
     }
 
-    /// Opens an adapter chosen by `opts` (environment variables fill the unset fields).
+    /// Opens an adapter chosen by `opts` (environment variables fill the unset fields). The
+    /// blocking form of [`new_async`](Self::new_async).
     pub fn with_options(opts: &ContextOptions) -> Result<Self> {
-        pollster::block_on(Self::open(opts))
+        pollster::block_on(Self::new_async(opts))
     }
 
-    async fn open(opts: &ContextOptions) -> Result<Self> {
+    /// Opens an adapter chosen by `opts` and creates a device on it with the optional features
+    /// kvattn uses where the adapter has them (see [`Context::from_wgpu`]).
+    pub async fn new_async(opts: &ContextOptions) -> Result<Self> {
         let backends = opts
             .backends
             .or_else(wgpu::Backends::from_env)
@@ -323,10 +348,10 @@ impl Context {
                     found.join(", ")
                 ),
             })?;
-        Self::from_adapter(&adapter, opts).await
+        Self::open_on(&adapter, opts).await
     }
 
-    async fn from_adapter(adapter: &wgpu::Adapter, opts: &ContextOptions) -> Result<Self> {
+    async fn open_on(adapter: &wgpu::Adapter, opts: &ContextOptions) -> Result<Self> {
         let info = adapter.get_info();
         let have = adapter.features();
         let mut wanted = wgpu::Features::TIMESTAMP_QUERY;
@@ -352,14 +377,66 @@ impl Context {
                 adapter: info.name.clone(),
                 message: e.to_string(),
             })?;
+        let mut ctx = Self::build(
+            device,
+            queue,
+            &info,
+            &adapter.get_downlevel_capabilities(),
+            opts,
+        )?;
+        ctx.owns_device = true;
         // Replace wgpu's panicking default handler and note loss, before anything can fail.
-        let health = Arc::new(DeviceHealth::default());
-        let recorder = Arc::clone(&health);
-        device.on_uncaptured_error(Arc::new(move |e| recorder.record(e)));
-        let recorder = Arc::clone(&health);
-        device.set_device_lost_callback(move |reason, message| {
+        let recorder = Arc::clone(&ctx.health);
+        ctx.device
+            .on_uncaptured_error(Arc::new(move |e| recorder.record(e)));
+        let recorder = Arc::clone(&ctx.health);
+        ctx.device.set_device_lost_callback(move |reason, message| {
             recorder.lose(format!("{reason:?}: {message}"));
         });
+        Ok(ctx)
+    }
+
+    /// A context on the application's own device and queue. `adapter` says what kvattn needs
+    /// to know about the adapter the device came from (its name, type and downlevel flags;
+    /// pass `&wgpu::Adapter` or an [`AdapterFacts`]). `opts` chooses the attention kernel, can
+    /// switch off f16 or subgroup variants and cap the planned binding size; its adapter
+    /// choice fields are ignored.
+    ///
+    /// Capabilities come from the features and limits the device was created with, never from
+    /// what the adapter could offer. kvattn uses, when the device has them:
+    /// `SHADER_F16` (f16 kernel variants and KV math), `SUBGROUP` (subgroup reductions in the
+    /// attention kernel) and `TIMESTAMP_QUERY` (device timing in benchmarks). Without them it
+    /// runs the portable variants and times on the wall clock; it never fails for their
+    /// absence (an explicit request for an f16 variant returns [`Error::MissingFeature`]).
+    ///
+    /// kvattn installs no uncaptured-error handler and no device-lost callback on this device
+    /// (they are the application's): its own work is checked through error scopes, and its
+    /// errors come back from its calls and sync points (see the type's docs).
+    pub fn from_wgpu(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        adapter: impl Into<AdapterFacts>,
+        opts: &ContextOptions,
+    ) -> Result<Self> {
+        let facts = adapter.into();
+        Self::build(device, queue, &facts.info, &facts.downlevel, opts)
+    }
+
+    fn build(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        info: &wgpu::AdapterInfo,
+        downlevel: &wgpu::DownlevelCapabilities,
+        opts: &ContextOptions,
+    ) -> Result<Self> {
+        let mut features = device.features();
+        if opts.disable_f16 {
+            features.remove(wgpu::Features::SHADER_F16);
+        }
+        if opts.disable_subgroups {
+            features.remove(wgpu::Features::SUBGROUP);
+        }
+        let limits = device.limits();
         let subgroups = features.contains(wgpu::Features::SUBGROUP);
         let attention_kernel = match opts.attention_kernel {
             Some(kernel) => kernel,
@@ -385,20 +462,27 @@ impl Context {
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             attention_kernel,
-            f16_in_f32: adapter
-                .get_downlevel_capabilities()
+            f16_in_f32: downlevel
                 .flags
                 .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32),
         };
         Ok(Self {
             device,
             queue,
-            adapter: summary(&info),
+            adapter: summary(info),
             caps,
             pipelines: PipelineCache::default(),
             clock: Default::default(),
-            health,
+            health: Arc::new(DeviceHealth::default()),
+            counters: AtomicCounters::default(),
+            pending: Mutex::new(Vec::new()),
+            owns_device: false,
         })
+    }
+
+    /// Whether kvattn opened this device itself (rather than [`Context::from_wgpu`]).
+    pub fn owns_device(&self) -> bool {
+        self.owns_device
     }
 
     /// The adapter this context runs on.

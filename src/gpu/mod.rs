@@ -1,13 +1,23 @@
 //! The GPU context: adapter choice, features and limits, buffers and readback.
 mod buffer;
 mod context;
+mod counters;
+pub(crate) mod dispatch;
 mod layout;
+mod readback;
+mod record;
 mod sentinel;
 mod timing;
 
 pub(crate) use buffer::check_storage;
 pub use buffer::STORAGE;
-pub use context::{AdapterSummary, AttentionKernel, Capabilities, Context, ContextOptions};
+pub use context::{
+    AdapterFacts, AdapterSummary, AttentionKernel, Capabilities, Context, ContextOptions,
+};
+pub use counters::Counters;
+pub use dispatch::RowStrides;
 pub use layout::WgslStruct;
+pub use readback::Readback;
+pub use record::Dispatch;
 pub use sentinel::{is_unwritten, UNWRITTEN, UNWRITTEN_BITS};
 pub use timing::Timing;

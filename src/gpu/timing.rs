@@ -32,6 +32,9 @@ pub struct Timing {
     pub timestamps: bool,
     /// Compute passes recorded (0 on the wall clock).
     pub passes: u32,
+    /// Seconds the passes themselves ran (the sum of each pass's start-to-end time, gaps
+    /// between submissions left out) with timestamps; `seconds` on the wall clock.
+    pub busy_seconds: f64,
 }
 
 impl Context {
@@ -103,6 +106,7 @@ impl Context {
             seconds: wall,
             timestamps: false,
             passes: 0,
+            busy_seconds: wall,
         };
         let Some(recorder) = recorder else {
             return Ok((value, wall_clock));
@@ -111,13 +115,14 @@ impl Context {
         if queries == 0 || queries > 2 * MAX_TIMED_PASSES {
             return Ok((value, wall_clock));
         }
-        let span = self.timestamp_span(&recorder.set, queries)?;
+        let (span, busy) = self.timestamp_span(&recorder.set, queries)?;
         Ok((
             value,
             Timing {
                 seconds: span,
                 timestamps: true,
                 passes: queries / 2,
+                busy_seconds: busy,
             },
         ))
     }
@@ -129,23 +134,19 @@ impl Context {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Seconds from the earliest to the latest of the first `queries` timestamps of `set`.
-    fn timestamp_span(&self, set: &wgpu::QuerySet, queries: u32) -> Result<f64> {
+    /// Seconds from the earliest to the latest of the first `queries` timestamps of `set`, and
+    /// the sum of each pass's own span.
+    fn timestamp_span(&self, set: &wgpu::QuerySet, queries: u32) -> Result<(f64, f64)> {
         let bytes = u64::from(queries) * wgpu::QUERY_SIZE as u64;
-        let resolve = self.scoped("resolving timestamps", || {
-            let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("kvattn timestamps"),
-                size: bytes,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
-            let mut encoder = self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-            encoder.resolve_query_set(set, 0..queries, &resolve, 0);
-            self.queue.submit([encoder.finish()]);
-            resolve
+        let resolve = self.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kvattn timestamps"),
+            size: bytes,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
         })?;
+        let mut encoder = self.encoder("resolving timestamps");
+        encoder.resolve_query_set(set, 0..queries, &resolve, 0);
+        self.submit("resolving timestamps", encoder)?;
         let words: Vec<u32> = self.read_back(&resolve, 2 * queries as usize)?;
         let ticks: Vec<u64> = words
             .chunks_exact(2)
@@ -159,6 +160,13 @@ impl Context {
             )));
         }
         let period_ns = f64::from(self.queue.get_timestamp_period());
-        Ok((last - first) as f64 * period_ns * 1e-9)
+        let busy: u64 = ticks
+            .chunks_exact(2)
+            .map(|p| p[1].saturating_sub(p[0]))
+            .sum();
+        Ok((
+            (last - first) as f64 * period_ns * 1e-9,
+            busy as f64 * period_ns * 1e-9,
+        ))
     }
 }

@@ -11,11 +11,11 @@
 //!
 //! Only those elements of `dst` are written.
 
-use super::head_matmul::{
+use crate::gpu::check_storage;
+use crate::gpu::dispatch::{
     binding_limit, check_positive, check_slice, range, submit_dispatches, ChunkedOperand,
     RowStrides,
 };
-use crate::gpu::check_storage;
 use crate::gpu::Context;
 use crate::pipeline::PipelineKey;
 use crate::shader::{Kernel, Precision, ShaderVariant};
@@ -202,7 +202,7 @@ pub fn strided_copy(
             ..Default::default()
         };
         let grid = [gx as u32, gy as u32, 1];
-        chunks.push((ctx.uniform("strided_copy params", &params), ss, ds, grid));
+        chunks.push((ctx.uniform("strided_copy params", &params)?, ss, ds, grid));
         t0 += rows;
     }
     let dispatches = chunks

@@ -187,7 +187,7 @@ impl UpProjPlan {
                     inv_scale: 1.0,
                     ..Default::default()
                 },
-            ),
+            )?,
         })
     }
 

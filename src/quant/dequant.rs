@@ -91,7 +91,7 @@ pub fn dequantize(ctx: &Context, rows: &EncodedRows) -> Result<Vec<f32>> {
         &constants(rows.dtype, rows.head_dim, rows.scale_mode, 1),
     );
     let pipeline = ctx.pipeline(&key)?;
-    let uniform = ctx.uniform("dequant params", &params);
+    let uniform = ctx.uniform("dequant params", &params)?;
     let pool = ctx.upload("dequant pool", &rows.interleaved_words())?;
     let scales = ctx.upload("dequant scales", &rows.scale_pool_words())?;
     let out = ctx.filled("dequant out", len, crate::gpu::UNWRITTEN)?;
@@ -219,40 +219,20 @@ pub fn dequantize_gather(
         };
         let words: Vec<u32> = chunk.iter().flat_map(|&(o, p)| [o, p]).collect();
         dispatches.push((
-            ctx.uniform("dequant params", &params),
+            ctx.uniform("dequant params", &params)?,
             ctx.upload("dequant rows", &words)?,
             [gx, gy, 1],
         ));
     }
-    let layout_bg = pipeline.get_bind_group_layout(0);
-    ctx.scoped("dequantize_gather", || {
-        let mut encoder = ctx
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("dequantize_gather"),
-            });
-        {
-            let mut pass = ctx.begin_compute_pass(&mut encoder, None);
-            pass.set_pipeline(&pipeline);
-            for (uniform, rows, grid) in &dispatches {
-                let buffers = [uniform, pool, &scales, out, rows];
-                let entries: Vec<wgpu::BindGroupEntry> = buffers
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| wgpu::BindGroupEntry {
-                        binding: i as u32,
-                        resource: b.as_entire_binding(),
-                    })
-                    .collect();
-                let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("dequantize_gather"),
-                    layout: &layout_bg,
-                    entries: &entries,
-                });
-                pass.set_bind_group(0, &bind_group, &[]);
-                pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
-            }
-        }
-        ctx.queue.submit([encoder.finish()]);
-    })
+    let dispatches = dispatches
+        .iter()
+        .map(|(uniform, rows, grid)| {
+            let resources = [uniform, pool, &scales, out, rows]
+                .iter()
+                .map(|b| b.as_entire_binding())
+                .collect();
+            (resources, *grid)
+        })
+        .collect();
+    crate::gpu::dispatch::submit_dispatches(ctx, "dequantize_gather", &pipeline, dispatches)
 }

@@ -819,16 +819,16 @@ fn kv_store_arithmetic_matches_rust_f32() {
     ]
     .join("\n");
     let module = ctx.compile_wgsl("kv_store harness", &source).unwrap();
-    let pipeline = ctx
-        .device
-        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+    let pipeline = std::sync::Arc::new(ctx.device.create_compute_pipeline(
+        &wgpu::ComputePipelineDescriptor {
             label: Some("kv_store harness"),
             layout: None,
             module: &module,
             entry_point: Some("main"),
             compilation_options: Default::default(),
             cache: None,
-        });
+        },
+    ));
     let n = 64 * 2048;
     let pairs = arithmetic_pairs(n);
     let input = ctx.upload("pairs", &pairs).unwrap();

@@ -39,14 +39,20 @@ fn assert_usable(ctx: &Context) {
 }
 
 #[test]
-fn refused_readback_copy_is_a_gpu_error() {
+fn readback_of_a_buffer_without_copy_src_is_refused_before_recording() {
     let ctx = own_context();
-    // STORAGE without COPY_SRC: the copy into the staging buffer fails validation.
+    // STORAGE without COPY_SRC: the copy could not be recorded; it is refused up front.
     let buf = raw_buffer(&ctx, 256, wgpu::BufferUsages::STORAGE);
+    let before = ctx.counters();
     match ctx.read_back::<u32>(&buf, 16) {
-        Err(Error::Gpu(message)) => assert!(message.contains("readback"), "{message}"),
-        other => panic!("expected Error::Gpu, got {other:?}"),
+        Err(Error::InvalidArgument(message)) => assert!(message.contains("COPY_SRC"), "{message}"),
+        other => panic!("expected Error::InvalidArgument, got {other:?}"),
     }
+    assert_eq!(
+        ctx.counters().submissions,
+        before.submissions,
+        "nothing submitted"
+    );
     // The error was the readback's own: nothing is left pending.
     assert_usable(&ctx);
 }

@@ -381,13 +381,11 @@ fn copy(ctx: &Context, case: &Case) -> Result<CopyWork> {
         )));
     }
     let buffer = |label| {
-        ctx.scoped(label, || {
-            ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(label),
-                size: bytes,
-                usage: STORAGE,
-                mapped_at_creation: false,
-            })
+        ctx.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes,
+            usage: STORAGE,
+            mapped_at_creation: false,
         })
     };
     Ok(CopyWork {

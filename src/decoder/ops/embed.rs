@@ -11,9 +11,9 @@
 //! bound in slices of whole rows, one dispatch per slice, each writing the outputs whose id
 //! falls in its slice.
 
-use crate::decoder::ops::{bind, check_distinct, element_grid, max_bound_elems, mul};
+use crate::gpu::dispatch::{bind, check_distinct, element_grid, max_bound_elems, mul};
+use crate::gpu::dispatch::{binding_limit, check_positive, submit_dispatches};
 use crate::gpu::{check_storage, Context};
-use crate::mla::head_matmul::{binding_limit, check_positive, submit_dispatches};
 use crate::pipeline::PipelineKey;
 use crate::shader::{Kernel, Precision, ShaderVariant};
 use crate::{Error, Result};
@@ -148,7 +148,7 @@ pub fn embed(
                 zero_oob: u32::from(v0 == 0),
                 ..Default::default()
             };
-            let uniform = ctx.uniform("embed params", &params);
+            let uniform = ctx.uniform("embed params", &params)?;
             chunks.push((uniform, ts, vs, os, grid));
             v0 += nv;
         }

@@ -17,100 +17,17 @@
 //! submission. Work is submitted, not waited for; read the output back (or submit more work) as
 //! usual.
 
-use std::num::NonZeroU64;
-
+pub(crate) use crate::gpu::dispatch::check_distinct;
+use crate::gpu::dispatch::{bind, element_grid, max_bound_elems, submit_dispatches};
 use crate::gpu::Context;
-use crate::mla::head_matmul::{binding_limit, submit_dispatches};
 use crate::pipeline::PipelineKey;
 use crate::shader::{Kernel, Precision, ShaderVariant};
-use crate::{Error, Result};
+use crate::Result;
 
 pub mod add;
 pub mod embed;
 pub mod rms_norm;
 pub mod swiglu;
-
-/// Invocations per workgroup of the one-invocation-per-element kernels (their WGSL
-/// `@workgroup_size`).
-pub(crate) const WG: u64 = 64;
-
-/// The part of a buffer one dispatch binds: from `offset` (aligned) for `size` bytes; the
-/// dispatch's first element is `base` elements into the binding.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Bound {
-    offset: u64,
-    size: NonZeroU64,
-    /// Index of the first element of interest inside the binding.
-    pub base: u32,
-}
-
-impl Bound {
-    /// The binding resource for `buffer`.
-    pub fn resource(self, buffer: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
-        crate::mla::head_matmul::range(buffer, self.offset, self.size)
-    }
-}
-
-fn offset_alignment(ctx: &Context) -> u64 {
-    u64::from(ctx.device.limits().min_storage_buffer_offset_alignment).max(4)
-}
-
-/// Most 32-bit elements one dispatch may bind from an arbitrary first element: a binding,
-/// less the slack of aligning its offset down.
-pub(crate) fn max_bound_elems(ctx: &Context) -> u64 {
-    (binding_limit(ctx) - offset_alignment(ctx)) / 4
-}
-
-/// Binds elements `first .. first + elems` (32-bit) of a buffer that holds them; `elems` must
-/// be positive and at most [`max_bound_elems`].
-pub(crate) fn bind(ctx: &Context, first: u64, elems: u64) -> Result<Bound> {
-    let align = offset_alignment(ctx);
-    let start = first * 4;
-    let offset = start / align * align;
-    let base = (start - offset) / 4;
-    let size = NonZeroU64::new((base + elems) * 4)
-        .ok_or_else(|| Error::InvalidArgument("an empty binding".into()))?;
-    Ok(Bound {
-        offset,
-        size,
-        base: base as u32,
-    })
-}
-
-/// A 2-D grid of `WG`-invocation workgroups covering `invocations` (at most 2^29, so that the
-/// grid fits any adapter's 65,535 per dimension): the grid and the invocations along x.
-pub(crate) fn element_grid(ctx: &Context, invocations: u64) -> ([u32; 3], u32) {
-    let max_groups = u64::from(ctx.caps().max_compute_workgroups_per_dimension).max(1);
-    let groups = invocations.div_ceil(WG).max(1);
-    let gx = groups.min(max_groups);
-    let gy = groups.div_ceil(gx);
-    ([gx as u32, gy as u32, 1], (gx * WG) as u32)
-}
-
-/// [`Error::InvalidArgument`] when an output buffer is also one of the inputs (wgpu refuses a
-/// buffer bound both read-only and read-write in one dispatch, and the kernels do not support
-/// aliasing).
-pub(crate) fn check_distinct(
-    what: &str,
-    out: (&str, &wgpu::Buffer),
-    inputs: &[(&str, &wgpu::Buffer)],
-) -> Result<()> {
-    for (name, input) in inputs {
-        if *input == out.1 {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: {} and {name} must be different buffers",
-                out.0
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// `a * b`, or [`Error::InvalidArgument`] when it overflows a usize.
-pub(crate) fn mul(what: &str, a: usize, b: usize) -> Result<usize> {
-    a.checked_mul(b)
-        .ok_or_else(|| Error::InvalidArgument(format!("{what}: {a} * {b} overflows")))
-}
 
 /// Dispatches an element-wise kernel over elements `0..n` of every buffer in `buffers`
 /// (bindings 1, 2, ... after the uniform at binding 0), in slices of at most
@@ -134,7 +51,7 @@ pub(crate) fn dispatch_elementwise<P: bytemuck::Pod>(
         let elems = per.min(n - first);
         let bound = bind(ctx, first, elems)?;
         let (grid, stride_x) = element_grid(ctx, elems);
-        let uniform = ctx.uniform(kernel.name(), &params(elems as u32, stride_x, bound.base));
+        let uniform = ctx.uniform(kernel.name(), &params(elems as u32, stride_x, bound.base))?;
         chunks.push((uniform, bound, grid));
         first += elems;
     }

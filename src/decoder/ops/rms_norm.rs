@@ -26,9 +26,9 @@
 //! the square root; `inverseSqrt` adds at most 2 ulp (WGSL) and the three products 0.5 ulp
 //! each.
 
-use crate::decoder::ops::{bind, check_distinct, max_bound_elems, mul};
+use crate::gpu::dispatch::{bind, check_distinct, max_bound_elems, mul};
+use crate::gpu::dispatch::{binding_limit, check_positive, submit_dispatches};
 use crate::gpu::{check_storage, Context};
-use crate::mla::head_matmul::{binding_limit, check_positive, submit_dispatches};
 use crate::pipeline::PipelineKey;
 use crate::shader::{Kernel, Precision, ShaderVariant};
 use crate::{Error, Result};
@@ -126,7 +126,7 @@ pub fn rms_norm(
             out_base: os.base,
             ..Default::default()
         };
-        let uniform = ctx.uniform("rms_norm params", &params);
+        let uniform = ctx.uniform("rms_norm params", &params)?;
         chunks.push((uniform, xs, os, [gx as u32, gy as u32, 1]));
         r0 += n;
     }

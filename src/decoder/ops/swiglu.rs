@@ -8,8 +8,8 @@
 //! finite outputs (unless `gate * up` itself overflows); NaN propagates.
 
 use crate::decoder::ops::{check_distinct, dispatch_elementwise};
+use crate::gpu::dispatch::check_positive;
 use crate::gpu::{check_storage, Context};
-use crate::mla::head_matmul::check_positive;
 use crate::shader::Kernel;
 use crate::Result;
 
