@@ -3,6 +3,7 @@ mod buffer;
 mod context;
 mod counters;
 pub(crate) mod dispatch;
+mod gate;
 mod layout;
 mod readback;
 mod record;
@@ -16,6 +17,7 @@ pub use context::{
 };
 pub use counters::Counters;
 pub use dispatch::RowStrides;
+pub use gate::UpdateGate;
 pub use layout::WgslStruct;
 pub use readback::Readback;
 pub use record::Dispatch;
