@@ -11,10 +11,12 @@
 //! - swiglu: see [`swiglu_bound`] (a few ulp, plus WGSL's allowance for `exp`).
 //! - add and embed: bit for bit (one correctly rounded f32 addition; a copy).
 
-use kvattn::decoder::ops::add::add_in_place;
-use kvattn::decoder::ops::embed::{embed, embed_host_check};
-use kvattn::decoder::ops::rms_norm::rms_norm;
-use kvattn::decoder::ops::swiglu::swiglu;
+use kvattn::decoder::ops::add::{add_in_place, encode_add, prepare_add, AddArgs};
+use kvattn::decoder::ops::embed::{
+    embed, embed_host_check, encode_embed, prepare_embed, EmbedArgs,
+};
+use kvattn::decoder::ops::rms_norm::{encode_rms_norm, prepare_rms_norm, rms_norm, RmsNormArgs};
+use kvattn::decoder::ops::swiglu::{encode_swiglu, prepare_swiglu, swiglu, SwigluArgs};
 use kvattn::gpu::Context;
 use kvattn::reference::ops as reference;
 use kvattn::Error;
@@ -620,4 +622,244 @@ fn embed_rejects_bad_input() {
     assert_invalid("out is tokens", embed(ctx, &tokens, 1, 1, 4, &tab, &tokens));
     assert_invalid("no STORAGE", embed(ctx, &plain, 4, 10, 4, &tab, &out));
     assert!(read(ctx, "refused", &out, 40).iter().all(|v| v.is_nan()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// prepared and encode forms
+
+/// Submits what `f` records into one compute pass of a caller's encoder.
+fn in_one_pass(ctx: &Context, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
+    let mut encoder = ctx.encoder("caller's encoder");
+    {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        f(&mut pass);
+    }
+    ctx.submit("caller's step", encoder).unwrap();
+}
+
+/// The bits of the first `len` values of `buffer`.
+fn bits(ctx: &Context, buffer: &wgpu::Buffer, len: usize) -> Vec<u32> {
+    ctx.read_back(buffer, len).unwrap()
+}
+
+/// Every op through its plain function, then through `encode_*` (all four in one pass of the
+/// caller's encoder), then through `prepare_*` recorded twice with new token ids written in
+/// between: the same bits each way, on whole and sliced (64 KiB) bindings. Recording a prepared
+/// op again creates no buffer and no bind group (a context of its own, so that other tests'
+/// work does not count).
+#[test]
+fn prepared_and_encoded_ops_give_the_plain_functions_bits() {
+    let own = Context::new().unwrap();
+    for (name, ctx) in [("whole", &own), ("sliced", gpu_capped())] {
+        let mut rng = Rng::new(501);
+        let (rows, dim, vocab) = (37usize, 576usize, 300usize);
+        let n = rows * dim;
+        let ids: Vec<u32> = (0..rows)
+            .map(|_| (rng.next_u64() % vocab as u64) as u32)
+            .collect();
+        let ids2: Vec<u32> = ids.iter().rev().map(|&i| (i + 7) % vocab as u32).collect();
+        let tab = table(&mut rng, vocab * dim);
+        let (tokens, tb) = (
+            ctx.upload("tokens", &ids).unwrap(),
+            ctx.upload("table", &tab).unwrap(),
+        );
+        let weight = ctx.upload("weight", &rng.normals(dim, 1.0)).unwrap();
+        let gate = ctx.upload("gate", &rng.normals(n, 4.0)).unwrap();
+        let up = ctx.upload("up", &rng.normals(n, 1.0)).unwrap();
+        let y = ctx.upload("y", &rng.normals(n, 1.0)).unwrap();
+        let outs = || -> [wgpu::Buffer; 4] { [(); 4].map(|()| nan_out(ctx, n)) };
+        // Plain functions.
+        let [e0, r0, s0, a0] = outs();
+        embed(ctx, &tokens, rows, dim, vocab, &tb, &e0).unwrap();
+        rms_norm(ctx, rows, dim, 1e-5, &e0, &weight, &r0).unwrap();
+        swiglu(ctx, n, &gate, &up, &s0).unwrap();
+        // The sum starts as a copy of the embedding (x += y in place).
+        embed(ctx, &tokens, rows, dim, vocab, &tb, &a0).unwrap();
+        add_in_place(ctx, n, &a0, &y).unwrap();
+        let want: Vec<Vec<u32>> = [&e0, &r0, &s0, &a0]
+            .iter()
+            .map(|b| bits(ctx, b, n + TAIL))
+            .collect();
+
+        // Encode forms, all in one pass: each op reads what the one before wrote.
+        let [e1, r1, s1, a1] = outs();
+        let embed_args = |out| EmbedArgs {
+            tokens: &tokens,
+            n_tokens: rows,
+            dim,
+            vocab,
+            table: &tb,
+            out,
+        };
+        in_one_pass(ctx, |pass| {
+            encode_embed(ctx, pass, &embed_args(&e1)).unwrap();
+            let norm = RmsNormArgs {
+                rows,
+                dim,
+                eps: 1e-5,
+                x: &e1,
+                weight: &weight,
+                out: &r1,
+            };
+            encode_rms_norm(ctx, pass, &norm).unwrap();
+            let act = SwigluArgs {
+                n,
+                gate: &gate,
+                up: &up,
+                out: &s1,
+            };
+            encode_swiglu(ctx, pass, &act).unwrap();
+            encode_embed(ctx, pass, &embed_args(&a1)).unwrap();
+            encode_add(ctx, pass, &AddArgs { n, x: &a1, y: &y }).unwrap();
+        });
+        for (i, b) in [&e1, &r1, &s1, &a1].iter().enumerate() {
+            assert_eq!(bits(ctx, b, n + TAIL), want[i], "{name}: encoded op {i}");
+        }
+
+        // Prepared forms, recorded twice; the second time with other ids in the same buffer.
+        let [e2, r2, s2, a2] = outs();
+        let ops = [
+            prepare_embed(ctx, &embed_args(&e2)).unwrap(),
+            prepare_rms_norm(
+                ctx,
+                &RmsNormArgs {
+                    rows,
+                    dim,
+                    eps: 1e-5,
+                    x: &e2,
+                    weight: &weight,
+                    out: &r2,
+                },
+            )
+            .unwrap(),
+            prepare_swiglu(
+                ctx,
+                &SwigluArgs {
+                    n,
+                    gate: &gate,
+                    up: &up,
+                    out: &s2,
+                },
+            )
+            .unwrap(),
+            prepare_embed(ctx, &embed_args(&a2)).unwrap(),
+            prepare_add(ctx, &AddArgs { n, x: &a2, y: &y }).unwrap(),
+        ];
+        if name == "sliced" {
+            assert!(ops.iter().all(|op| op.num_dispatches() > 1), "not sliced");
+        }
+        in_one_pass(ctx, |pass| ops.iter().for_each(|op| op.encode(pass)));
+        for (i, b) in [&e2, &r2, &s2, &a2].iter().enumerate() {
+            assert_eq!(bits(ctx, b, n + TAIL), want[i], "{name}: prepared op {i}");
+        }
+        ctx.write_buffer(&tokens, 0, bytemuck::cast_slice(&ids2))
+            .unwrap();
+        let before = ctx.counters();
+        in_one_pass(ctx, |pass| ops.iter().for_each(|op| op.encode(pass)));
+        let step = ctx.counters().since(&before);
+        let again = bits(ctx, &e2, n);
+        if name == "whole" {
+            assert_eq!(step.submissions, 1, "{step:?}");
+            assert_eq!(step.buffers_created, 0, "{step:?}");
+            assert_eq!(step.bind_groups_created, 0, "{step:?}");
+        }
+        let want2 = reference::embed(&ids2, &tab, dim).unwrap();
+        let want2: Vec<u32> = want2.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(again, want2, "{name}: prepared embed with new ids");
+    }
+}
+
+/// The encode and prepare forms refuse bad input with the plain functions' typed errors before
+/// recording or creating anything: the caller's pass stays empty (its output untouched) and
+/// no bind group is made.
+#[test]
+fn encode_forms_refuse_bad_input_before_recording() {
+    let ctx = Context::new().unwrap();
+    let x = ctx.upload("x", &[1.0f32; 64]).unwrap();
+    let w = ctx.upload("w", &[1.0f32; 8]).unwrap();
+    let out = nan_out(&ctx, 64);
+    let small = ctx.upload("small", &[1.0f32; 32]).unwrap();
+    let tokens = ctx.upload("tokens", &[0u32; 8]).unwrap();
+    let plain = uniform_buffer(&ctx);
+    let before = ctx.counters();
+    in_one_pass(&ctx, |pass| {
+        let norm = |rows, eps, x, out| RmsNormArgs {
+            rows,
+            dim: 8,
+            eps,
+            x,
+            weight: &w,
+            out,
+        };
+        assert_invalid(
+            "rms rows 0",
+            encode_rms_norm(&ctx, pass, &norm(0, 0.0, &x, &out)),
+        );
+        assert_invalid(
+            "rms eps",
+            encode_rms_norm(&ctx, pass, &norm(8, -1.0, &x, &out)),
+        );
+        assert_invalid(
+            "rms alias",
+            encode_rms_norm(&ctx, pass, &norm(8, 0.0, &x, &x)),
+        );
+        assert_shape(
+            "rms small",
+            encode_rms_norm(&ctx, pass, &norm(8, 0.0, &x, &small)),
+        );
+        let act = |n, gate, out| SwigluArgs {
+            n,
+            gate,
+            up: &x,
+            out,
+        };
+        assert_invalid("swiglu n 0", encode_swiglu(&ctx, pass, &act(0, &x, &out)));
+        assert_invalid("swiglu alias", encode_swiglu(&ctx, pass, &act(64, &x, &x)));
+        assert_invalid(
+            "swiglu plain",
+            encode_swiglu(&ctx, pass, &act(64, &plain, &out)),
+        );
+        assert_shape(
+            "swiglu small",
+            encode_swiglu(&ctx, pass, &act(64, &small, &out)),
+        );
+        let sum = |n, y| AddArgs { n, x: &out, y };
+        assert_invalid("add n 0", encode_add(&ctx, pass, &sum(0, &x)));
+        assert_invalid("add alias", encode_add(&ctx, pass, &sum(64, &out)));
+        assert_shape("add small", encode_add(&ctx, pass, &sum(64, &small)));
+        let gather = |n_tokens, vocab, out| EmbedArgs {
+            tokens: &tokens,
+            n_tokens,
+            dim: 8,
+            vocab,
+            table: &x,
+            out,
+        };
+        assert_invalid(
+            "embed vocab 0",
+            encode_embed(&ctx, pass, &gather(8, 0, &out)),
+        );
+        assert_invalid("embed alias", encode_embed(&ctx, pass, &gather(8, 8, &x)));
+        assert_shape(
+            "embed tokens",
+            encode_embed(&ctx, pass, &gather(9, 8, &out)),
+        );
+        assert_shape("embed table", encode_embed(&ctx, pass, &gather(8, 9, &out)));
+        assert_shape("embed out", encode_embed(&ctx, pass, &gather(8, 8, &small)));
+    });
+    assert_shape(
+        "prepare small",
+        prepare_add(
+            &ctx,
+            &AddArgs {
+                n: 64,
+                x: &out,
+                y: &small,
+            },
+        ),
+    );
+    let step = ctx.counters().since(&before);
+    assert_eq!(step.bind_groups_created, 0, "{step:?}");
+    assert_eq!(step.buffers_created, 0, "{step:?}");
+    assert!(read(&ctx, "refused", &out, 64).iter().all(|v| v.is_nan()));
 }

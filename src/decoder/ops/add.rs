@@ -3,7 +3,7 @@
 //! the CPU's [`crate::reference::ops::add`] bit for bit for normal values; an adapter that
 //! flushes subnormals to zero may differ there).
 
-use crate::decoder::ops::{check_distinct, dispatch_elementwise};
+use crate::decoder::ops::{check_distinct, prepare_elementwise, PreparedOp};
 use crate::gpu::dispatch::check_positive;
 use crate::gpu::{check_storage, Context};
 use crate::shader::Kernel;
@@ -28,6 +28,44 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
     vec![Vec::new()]
 }
 
+/// One residual add: `x[i] += y[i]` for `i < n`.
+#[derive(Debug, Clone, Copy)]
+pub struct AddArgs<'a> {
+    /// Elements to add.
+    pub n: usize,
+    /// Added into, in place (f32 storage).
+    pub x: &'a wgpu::Buffer,
+    /// Added (f32 storage, a buffer other than `x`).
+    pub y: &'a wgpu::Buffer,
+}
+
+/// Checks `args` and prepares the add (see [`add_in_place`] for the rules and errors).
+pub fn prepare_add(ctx: &Context, args: &AddArgs<'_>) -> Result<PreparedOp> {
+    let AddArgs { n, x, y } = *args;
+    check_positive("add", &[("n", n)])?;
+    check_storage("add x", x, n)?;
+    check_storage("add y", y, n)?;
+    check_distinct("add", ("x", x), &[("y", y)])?;
+    prepare_elementwise(ctx, Kernel::Add, n, &[x, y], |n, stride_x, base| {
+        AddParams {
+            n,
+            stride_x,
+            base,
+            ..Default::default()
+        }
+    })
+}
+
+/// Records the add into `pass` (submits nothing); on error nothing is recorded.
+pub fn encode_add(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    args: &AddArgs<'_>,
+) -> Result<()> {
+    prepare_add(ctx, args)?.encode(pass);
+    Ok(())
+}
+
 /// `x[i] += y[i]` for `i < n`, in place on f32 storage buffers; elements past `n` are not
 /// touched. `x` and `y` must be different buffers (to double `x`, scale it instead). Buffers
 /// larger than one storage binding are processed in slices (one submission).
@@ -43,16 +81,11 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
 /// [`Error::Gpu`]: crate::Error::Gpu
 /// [`Error::Shader`]: crate::Error::Shader
 pub fn add_in_place(ctx: &Context, n: usize, x: &wgpu::Buffer, y: &wgpu::Buffer) -> Result<()> {
-    check_positive("add", &[("n", n)])?;
-    check_storage("add x", x, n)?;
-    check_storage("add y", y, n)?;
-    check_distinct("add", ("x", x), &[("y", y)])?;
-    dispatch_elementwise(ctx, Kernel::Add, n, &[x, y], |n, stride_x, base| {
-        AddParams {
-            n,
-            stride_x,
-            base,
-            ..Default::default()
-        }
+    let args = AddArgs { n, x, y };
+    let op = prepare_add(ctx, &args)?;
+    ctx.run_pass("add", |pass| {
+        op.encode(pass);
+        Ok(())
     })
+    .map(|_| ())
 }

@@ -11,8 +11,9 @@
 //! bound in slices of whole rows, one dispatch per slice, each writing the outputs whose id
 //! falls in its slice.
 
+use crate::decoder::ops::PreparedOp;
 use crate::gpu::dispatch::{bind, check_distinct, element_grid, max_bound_elems, mul};
-use crate::gpu::dispatch::{binding_limit, check_positive, submit_dispatches};
+use crate::gpu::dispatch::{binding_limit, check_positive};
 use crate::gpu::{check_storage, Context};
 use crate::pipeline::PipelineKey;
 use crate::shader::{Kernel, Precision, ShaderVariant};
@@ -77,28 +78,35 @@ pub fn embed_host_check(ids: &[u32], vocab: usize) -> Result<()> {
     Ok(())
 }
 
-/// Gathers `out[t, :] = table[tokens[t], :]` for `t < n_tokens`: `tokens` holds `n_tokens`
-/// u32 ids, `table` `[vocab, dim]` f32 values, and the first `n_tokens * dim` values of `out`
-/// are written (the rest is not touched). An id `>= vocab` gives a row of zeros and reads
-/// nothing; check ids on the host with [`embed_host_check`] first. `out` must be a buffer other
-/// than `tokens` and `table`. Buffers larger than one storage binding are processed in slices
-/// (one submission).
-///
-/// # Errors
-/// Everything is checked before anything is dispatched: [`Error::InvalidArgument`] when
-/// `n_tokens`, `dim` or `vocab` is 0 or does not fit a u32, a product of them overflows, a
-/// buffer lacks `STORAGE` usage, or `out` is `tokens` or `table`; [`Error::ShapeMismatch`] when
-/// a buffer holds fewer values than the shape needs; [`Error::TooLarge`] when one row exceeds
-/// a storage binding; [`Error::Gpu`] or [`Error::Shader`] from wgpu.
-pub fn embed(
-    ctx: &Context,
-    tokens: &wgpu::Buffer,
-    n_tokens: usize,
-    dim: usize,
-    vocab: usize,
-    table: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-) -> Result<()> {
+/// One embedding gather: `out[t, :] = table[tokens[t], :]` for `t < n_tokens`.
+#[derive(Debug, Clone, Copy)]
+pub struct EmbedArgs<'a> {
+    /// Token ids, `n_tokens` u32 values (storage; the decoder rewrites them every step).
+    pub tokens: &'a wgpu::Buffer,
+    /// Tokens.
+    pub n_tokens: usize,
+    /// Values per row.
+    pub dim: usize,
+    /// Rows of the table.
+    pub vocab: usize,
+    /// The table `[vocab, dim]` (f32 storage).
+    pub table: &'a wgpu::Buffer,
+    /// Output `[n_tokens, dim]` (f32 storage, other than `tokens` and `table`).
+    pub out: &'a wgpu::Buffer,
+}
+
+/// Checks `args` and prepares the gather (see [`embed`] for the rules and errors). The ids are
+/// read from `tokens` when the op runs, so one prepared gather serves every step that writes
+/// new ids into the same buffer.
+pub fn prepare_embed(ctx: &Context, args: &EmbedArgs<'_>) -> Result<PreparedOp> {
+    let EmbedArgs {
+        tokens,
+        n_tokens,
+        dim,
+        vocab,
+        table,
+        out,
+    } = *args;
     check_positive(
         "embed",
         &[("n_tokens", n_tokens), ("dim", dim), ("vocab", vocab)],
@@ -124,7 +132,8 @@ pub fn embed(
     let rows_per_chunk = (per_binding / dim as u64) as usize;
     let key = PipelineKey::new(ShaderVariant::new(Kernel::Embed, Precision::F32), &[]);
     let pipeline = ctx.pipeline(&key)?;
-    let mut chunks = Vec::new();
+    let mut uniforms = Vec::new();
+    let mut dispatches = Vec::new();
     let mut t0 = 0;
     while t0 < n_tokens {
         let nt = rows_per_chunk.min(n_tokens - t0);
@@ -149,24 +158,68 @@ pub fn embed(
                 ..Default::default()
             };
             let uniform = ctx.uniform("embed params", &params)?;
-            chunks.push((uniform, ts, vs, os, grid));
+            let resources = [
+                uniform.as_entire_binding(),
+                ts.resource(tokens),
+                vs.resource(table),
+                os.resource(out),
+            ];
+            dispatches.push(ctx.prepare_dispatch("embed", &pipeline, &resources, grid)?);
+            uniforms.push(uniform);
             v0 += nv;
         }
         t0 += nt;
     }
-    let dispatches = chunks
-        .iter()
-        .map(|(uniform, ts, vs, os, grid)| {
-            (
-                vec![
-                    uniform.as_entire_binding(),
-                    ts.resource(tokens),
-                    vs.resource(table),
-                    os.resource(out),
-                ],
-                *grid,
-            )
-        })
-        .collect();
-    submit_dispatches(ctx, "embed", &pipeline, dispatches)
+    Ok(PreparedOp {
+        dispatches,
+        _uniforms: uniforms,
+    })
+}
+
+/// Records the gather into `pass` (submits nothing); on error nothing is recorded.
+pub fn encode_embed(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    args: &EmbedArgs<'_>,
+) -> Result<()> {
+    prepare_embed(ctx, args)?.encode(pass);
+    Ok(())
+}
+
+/// Gathers `out[t, :] = table[tokens[t], :]` for `t < n_tokens`: `tokens` holds `n_tokens`
+/// u32 ids, `table` `[vocab, dim]` f32 values, and the first `n_tokens * dim` values of `out`
+/// are written (the rest is not touched). An id `>= vocab` gives a row of zeros and reads
+/// nothing; check ids on the host with [`embed_host_check`] first. `out` must be a buffer other
+/// than `tokens` and `table`. Buffers larger than one storage binding are processed in slices
+/// (one submission).
+///
+/// # Errors
+/// Everything is checked before anything is dispatched: [`Error::InvalidArgument`] when
+/// `n_tokens`, `dim` or `vocab` is 0 or does not fit a u32, a product of them overflows, a
+/// buffer lacks `STORAGE` usage, or `out` is `tokens` or `table`; [`Error::ShapeMismatch`] when
+/// a buffer holds fewer values than the shape needs; [`Error::TooLarge`] when one row exceeds
+/// a storage binding; [`Error::Gpu`] or [`Error::Shader`] from wgpu.
+pub fn embed(
+    ctx: &Context,
+    tokens: &wgpu::Buffer,
+    n_tokens: usize,
+    dim: usize,
+    vocab: usize,
+    table: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+) -> Result<()> {
+    let args = EmbedArgs {
+        tokens,
+        n_tokens,
+        dim,
+        vocab,
+        table,
+        out,
+    };
+    let op = prepare_embed(ctx, &args)?;
+    ctx.run_pass("embed", |pass| {
+        op.encode(pass);
+        Ok(())
+    })
+    .map(|_| ())
 }

@@ -26,8 +26,9 @@
 //! the square root; `inverseSqrt` adds at most 2 ulp (WGSL) and the three products 0.5 ulp
 //! each.
 
+use crate::decoder::ops::PreparedOp;
 use crate::gpu::dispatch::{bind, check_distinct, max_bound_elems, mul};
-use crate::gpu::dispatch::{binding_limit, check_positive, submit_dispatches};
+use crate::gpu::dispatch::{binding_limit, check_positive};
 use crate::gpu::{check_storage, Context};
 use crate::pipeline::PipelineKey;
 use crate::shader::{Kernel, Precision, ShaderVariant};
@@ -63,27 +64,33 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
     vec![Vec::new()]
 }
 
-/// RMSNorm of `rows` rows of `dim` values: `x` holds `[rows, dim]` f32 values, `weight`
-/// `[dim]`, and the first `rows * dim` values of `out` are written (the rest is not touched).
-/// `eps` must be finite and `>= 0` (Llama uses `1e-5` or `1e-6`). `out` must be a buffer other
-/// than `x` and `weight`. Rows are processed in slices when `x` or `out` exceeds one storage
-/// binding (one submission).
-///
-/// # Errors
-/// Everything is checked before anything is dispatched: [`Error::InvalidArgument`] when `rows`
-/// or `dim` is 0 or does not fit a u32, `rows * dim` overflows, `eps` is negative or not finite,
-/// a buffer lacks `STORAGE` usage, or `out` is `x` or `weight`; [`Error::ShapeMismatch`] when a
-/// buffer holds fewer values than the shape needs; [`Error::TooLarge`] when one row exceeds a
-/// storage binding; [`Error::Gpu`] or [`Error::Shader`] from wgpu.
-pub fn rms_norm(
-    ctx: &Context,
-    rows: usize,
-    dim: usize,
-    eps: f32,
-    x: &wgpu::Buffer,
-    weight: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-) -> Result<()> {
+/// One RMSNorm: `rows` rows of `dim` values of `x` into `out`, scaled by `weight`.
+#[derive(Debug, Clone, Copy)]
+pub struct RmsNormArgs<'a> {
+    /// Rows.
+    pub rows: usize,
+    /// Values per row.
+    pub dim: usize,
+    /// Added to the mean of squares (finite, `>= 0`).
+    pub eps: f32,
+    /// Input `[rows, dim]` (f32 storage).
+    pub x: &'a wgpu::Buffer,
+    /// Weight `[dim]` (f32 storage).
+    pub weight: &'a wgpu::Buffer,
+    /// Output `[rows, dim]` (f32 storage, other than `x` and `weight`).
+    pub out: &'a wgpu::Buffer,
+}
+
+/// Checks `args` and prepares the op (see [`rms_norm`] for the rules and errors).
+pub fn prepare_rms_norm(ctx: &Context, args: &RmsNormArgs<'_>) -> Result<PreparedOp> {
+    let RmsNormArgs {
+        rows,
+        dim,
+        eps,
+        x,
+        weight,
+        out,
+    } = *args;
     check_positive("rms_norm", &[("rows", rows), ("dim", dim)])?;
     if !eps.is_finite() || eps < 0.0 {
         return Err(Error::InvalidArgument(format!(
@@ -108,7 +115,8 @@ pub fn rms_norm(
     let pipeline = ctx.pipeline(&key)?;
     let max_groups = ctx.caps().max_compute_workgroups_per_dimension.max(1) as usize;
     let w = bind(ctx, 0, dim as u64)?;
-    let mut chunks = Vec::new();
+    let mut uniforms = Vec::new();
+    let mut dispatches = Vec::new();
     let mut r0 = 0;
     while r0 < rows {
         let n = rows_per_chunk.min(rows - r0);
@@ -127,22 +135,66 @@ pub fn rms_norm(
             ..Default::default()
         };
         let uniform = ctx.uniform("rms_norm params", &params)?;
-        chunks.push((uniform, xs, os, [gx as u32, gy as u32, 1]));
+        let resources = [
+            uniform.as_entire_binding(),
+            xs.resource(x),
+            w.resource(weight),
+            os.resource(out),
+        ];
+        let grid = [gx as u32, gy as u32, 1];
+        dispatches.push(ctx.prepare_dispatch("rms_norm", &pipeline, &resources, grid)?);
+        uniforms.push(uniform);
         r0 += n;
     }
-    let dispatches = chunks
-        .iter()
-        .map(|(uniform, xs, os, grid)| {
-            (
-                vec![
-                    uniform.as_entire_binding(),
-                    xs.resource(x),
-                    w.resource(weight),
-                    os.resource(out),
-                ],
-                *grid,
-            )
-        })
-        .collect();
-    submit_dispatches(ctx, "rms_norm", &pipeline, dispatches)
+    Ok(PreparedOp {
+        dispatches,
+        _uniforms: uniforms,
+    })
+}
+
+/// Records the op into `pass` (submits nothing); on error nothing is recorded.
+pub fn encode_rms_norm(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    args: &RmsNormArgs<'_>,
+) -> Result<()> {
+    prepare_rms_norm(ctx, args)?.encode(pass);
+    Ok(())
+}
+
+/// RMSNorm of `rows` rows of `dim` values: `x` holds `[rows, dim]` f32 values, `weight`
+/// `[dim]`, and the first `rows * dim` values of `out` are written (the rest is not touched).
+/// `eps` must be finite and `>= 0` (Llama uses `1e-5` or `1e-6`). `out` must be a buffer other
+/// than `x` and `weight`. Rows are processed in slices when `x` or `out` exceeds one storage
+/// binding (one submission).
+///
+/// # Errors
+/// Everything is checked before anything is dispatched: [`Error::InvalidArgument`] when `rows`
+/// or `dim` is 0 or does not fit a u32, `rows * dim` overflows, `eps` is negative or not finite,
+/// a buffer lacks `STORAGE` usage, or `out` is `x` or `weight`; [`Error::ShapeMismatch`] when a
+/// buffer holds fewer values than the shape needs; [`Error::TooLarge`] when one row exceeds a
+/// storage binding; [`Error::Gpu`] or [`Error::Shader`] from wgpu.
+pub fn rms_norm(
+    ctx: &Context,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+    x: &wgpu::Buffer,
+    weight: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+) -> Result<()> {
+    let args = RmsNormArgs {
+        rows,
+        dim,
+        eps,
+        x,
+        weight,
+        out,
+    };
+    let op = prepare_rms_norm(ctx, &args)?;
+    ctx.run_pass("rms_norm", |pass| {
+        op.encode(pass);
+        Ok(())
+    })
+    .map(|_| ())
 }

@@ -7,7 +7,7 @@
 //! `exp(-g) < 2^-25` and the sigmoid rounds to 1) gives exactly `gate * up`. Finite inputs give
 //! finite outputs (unless `gate * up` itself overflows); NaN propagates.
 
-use crate::decoder::ops::{check_distinct, dispatch_elementwise};
+use crate::decoder::ops::{check_distinct, prepare_elementwise, PreparedOp};
 use crate::gpu::dispatch::check_positive;
 use crate::gpu::{check_storage, Context};
 use crate::shader::Kernel;
@@ -32,6 +32,51 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
     vec![Vec::new()]
 }
 
+/// One SwiGLU: `out[i] = silu(gate[i]) * up[i]` for `i < n`.
+#[derive(Debug, Clone, Copy)]
+pub struct SwigluArgs<'a> {
+    /// Elements.
+    pub n: usize,
+    /// The gate (f32 storage).
+    pub gate: &'a wgpu::Buffer,
+    /// The linear branch (f32 storage; may be `gate`).
+    pub up: &'a wgpu::Buffer,
+    /// Written (f32 storage, other than `gate` and `up`).
+    pub out: &'a wgpu::Buffer,
+}
+
+/// Checks `args` and prepares the op (see [`swiglu`] for the rules and errors).
+pub fn prepare_swiglu(ctx: &Context, args: &SwigluArgs<'_>) -> Result<PreparedOp> {
+    let SwigluArgs { n, gate, up, out } = *args;
+    check_positive("swiglu", &[("n", n)])?;
+    check_storage("swiglu gate", gate, n)?;
+    check_storage("swiglu up", up, n)?;
+    check_storage("swiglu out", out, n)?;
+    check_distinct("swiglu", ("out", out), &[("gate", gate), ("up", up)])?;
+    prepare_elementwise(
+        ctx,
+        Kernel::Swiglu,
+        n,
+        &[gate, up, out],
+        |n, stride_x, base| SwigluParams {
+            n,
+            stride_x,
+            base,
+            ..Default::default()
+        },
+    )
+}
+
+/// Records the op into `pass` (submits nothing); on error nothing is recorded.
+pub fn encode_swiglu(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    args: &SwigluArgs<'_>,
+) -> Result<()> {
+    prepare_swiglu(ctx, args)?.encode(pass);
+    Ok(())
+}
+
 /// `out[i] = silu(gate[i]) * up[i]` for `i < n`, on f32 storage buffers (see the module docs
 /// for the numerics). Elements of `out` past `n` are not touched. `gate` and `up` may be the
 /// same buffer; `out` must differ from both. Buffers larger than one storage binding are
@@ -54,21 +99,10 @@ pub fn swiglu(
     up: &wgpu::Buffer,
     out: &wgpu::Buffer,
 ) -> Result<()> {
-    check_positive("swiglu", &[("n", n)])?;
-    check_storage("swiglu gate", gate, n)?;
-    check_storage("swiglu up", up, n)?;
-    check_storage("swiglu out", out, n)?;
-    check_distinct("swiglu", ("out", out), &[("gate", gate), ("up", up)])?;
-    dispatch_elementwise(
-        ctx,
-        Kernel::Swiglu,
-        n,
-        &[gate, up, out],
-        |n, stride_x, base| SwigluParams {
-            n,
-            stride_x,
-            base,
-            ..Default::default()
-        },
-    )
+    let op = prepare_swiglu(ctx, &SwigluArgs { n, gate, up, out })?;
+    ctx.run_pass("swiglu", |pass| {
+        op.encode(pass);
+        Ok(())
+    })
+    .map(|_| ())
 }
