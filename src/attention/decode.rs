@@ -107,8 +107,25 @@ impl DecodeArgs<'_> {
     }
 }
 
-/// Runs decode attention; writes `out` and `lse`. Nothing is dispatched if validation fails.
+/// Runs decode attention; writes `out` and `lse`: [`encode_decode`] in a compute pass of its
+/// own, submitted (one submission). Nothing is submitted if validation fails.
 pub fn decode(ctx: &Context, args: &DecodeArgs) -> Result<()> {
+    ctx.run_pass("decode attention", |pass| encode_decode(ctx, pass, args))?;
+    Ok(())
+}
+
+/// Records decode attention into `pass`; submits nothing. Its plan's metadata is written with
+/// [`Context::write_buffer`] and lands at the next submission, which must contain this pass.
+/// Everything is checked and every bind group made before anything is recorded.
+///
+/// # Errors
+/// What [`DecodeArgs::validate`] refuses; [`Error::InvalidArgument`] for a buffer without
+/// `STORAGE` usage; [`Error::Gpu`] for a buffer the device refuses to bind.
+pub fn encode_decode(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    args: &DecodeArgs,
+) -> Result<()> {
     args.validate(ctx)?;
     let shape = args.shape;
     let cu = args.cu_seqlens_k;
@@ -137,6 +154,13 @@ pub fn decode(ctx: &Context, args: &DecodeArgs) -> Result<()> {
         num_buffers: 1,
         mla: false,
     };
+    for (name, buffer) in [("k", args.k), ("v", args.v)] {
+        if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+            return Err(Error::InvalidArgument(format!(
+                "{name} buffer was not created with STORAGE usage"
+            )));
+        }
+    }
     let plan = PagedAttentionPlan::from_specs(
         ctx,
         &PagedAttentionArgs {
@@ -151,13 +175,16 @@ pub fn decode(ctx: &Context, args: &DecodeArgs) -> Result<()> {
         paged::SPLIT_TOKENS,
     )?;
     let ones = ctx.uniform("unit scale", &geometry.k.tensor_scale()?)?;
-    plan.run_on(
+    plan.encode_on(
         ctx,
+        pass,
         &[(args.k, args.v)],
         (&ones, &ones),
-        args.q,
-        args.out,
-        args.lse,
+        (
+            &args.q.as_entire_buffer_binding(),
+            &args.out.as_entire_buffer_binding(),
+            &args.lse.as_entire_buffer_binding(),
+        ),
     )
 }
 

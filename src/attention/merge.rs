@@ -1,11 +1,10 @@
 //! Merge of partial attention states (o, lse) (`shaders/merge.wgsl`): split-K partials of the
 //! paged kernel, in key order; sinks join the denominator here, once. The same combination
-//! serves cascade attention (a shared-prefix pass merged with per-sequence passes).
+//! serves cascade attention (a shared-prefix pass merged with per-sequence passes). The
+//! paged attention plan records the merge (see `PagedAttentionPlan::encode`).
 
 use super::AttentionShape;
-use crate::gpu::Context;
 use crate::shader::Precision;
-use crate::Result;
 
 crate::wgsl_struct! {
     /// Mirror of the WGSL `MergeParams` uniform.
@@ -55,34 +54,4 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
             constants(&shape, super::paged::tile_rows(&shape, Precision::F32))
         })
         .collect()
-}
-
-/// Buffers of one merge.
-pub(crate) struct MergeArgs<'a> {
-    pub pipeline: &'a std::sync::Arc<wgpu::ComputePipeline>,
-    /// A uniform holding the [`MergeParams`].
-    pub params: &'a wgpu::Buffer,
-    pub num_tiles: usize,
-    pub num_kv_heads: usize,
-    pub meta: &'a wgpu::Buffer,
-    pub o_part: &'a wgpu::Buffer,
-    pub lse_part: &'a wgpu::Buffer,
-    pub out: &'a wgpu::Buffer,
-    pub lse: &'a wgpu::Buffer,
-}
-
-/// Merges every tile's partial states into `out` and `lse`.
-pub(crate) fn merge(ctx: &Context, args: &MergeArgs) -> Result<()> {
-    ctx.dispatch(
-        args.pipeline,
-        &[
-            args.params,
-            args.meta,
-            args.o_part,
-            args.lse_part,
-            args.out,
-            args.lse,
-        ],
-        [args.num_tiles as u32, args.num_kv_heads as u32, 1],
-    )
 }

@@ -43,9 +43,32 @@ pub struct AttentionState<'a> {
 }
 
 /// Writes `merge(a, b)` into `out` for `rows` rows of `head_dim_v` values (`out` may not alias
-/// `a` or `b`).
+/// `a` or `b`): [`encode_merge_states`] in a compute pass of its own, submitted.
 pub fn merge_states(
     ctx: &Context,
+    rows: usize,
+    head_dim_v: usize,
+    a: AttentionState,
+    b: AttentionState,
+    out: AttentionState,
+) -> Result<()> {
+    ctx.run_pass("merge states", |pass| {
+        encode_merge_states(ctx, pass, rows, head_dim_v, a, b, out)
+    })?;
+    Ok(())
+}
+
+/// Records `out = merge(a, b)` for `rows` rows of `head_dim_v` values into `pass`; submits
+/// nothing. Everything is checked and the bind group made before anything is recorded (zero
+/// rows record nothing).
+///
+/// # Errors
+/// [`Error::UnsupportedHeadDim`] unless `head_dim_v` is a positive multiple of 4;
+/// [`Error::InvalidArgument`] for a state too small, a buffer without `STORAGE` usage or `out`
+/// sharing a buffer with `a` or `b`; [`Error::Gpu`] for a buffer the device refuses to bind.
+pub fn encode_merge_states(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
     rows: usize,
     head_dim_v: usize,
     a: AttentionState,
@@ -58,17 +81,40 @@ pub fn merge_states(
             reason: "must be a positive multiple of 4".into(),
         });
     }
+    let (o_bytes, lse_bytes) = rows
+        .checked_mul(head_dim_v)
+        .and_then(|n| n.checked_mul(4))
+        .zip(rows.checked_mul(4))
+        .ok_or_else(|| Error::InvalidArgument(format!("{rows} rows overflow a usize")))?;
     for (name, s) in [("a", a), ("b", b), ("out", out)] {
-        if s.o.size() < (rows * head_dim_v * 4) as u64 || s.lse.size() < (rows * 4) as u64 {
+        if s.o.size() < o_bytes as u64 || s.lse.size() < lse_bytes as u64 {
             return Err(Error::InvalidArgument(format!(
                 "state {name} is smaller than {rows} rows of {head_dim_v} values"
             )));
+        }
+        for buffer in [s.o, s.lse] {
+            if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+                return Err(Error::InvalidArgument(format!(
+                    "state {name}: a buffer was not created with STORAGE usage"
+                )));
+            }
+        }
+    }
+    for written in [out.o, out.lse] {
+        if [a.o, a.lse, b.o, b.lse].contains(&written) {
+            return Err(Error::InvalidArgument(
+                "merge_states: out may not share a buffer with a or b".into(),
+            ));
         }
     }
     if rows == 0 {
         return Ok(());
     }
-    let vec4s = (rows * head_dim_v / 4) as u32;
+    let vec4s = u32::try_from(rows * head_dim_v / 4).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "{rows} rows of {head_dim_v} values exceed u32 indices"
+        ))
+    })?;
     let groups = vec4s.div_ceil(WG);
     let max = ctx.caps().max_compute_workgroups_per_dimension;
     let (gx, gy) = if groups <= max {
@@ -87,9 +133,12 @@ pub fn merge_states(
     );
     let pipeline = ctx.pipeline(&key)?;
     let uniform = ctx.uniform("merge states params", &params)?;
-    ctx.dispatch(
+    let dispatch = ctx.prepare_dispatch(
+        "merge states",
         &pipeline,
-        &[&uniform, a.o, a.lse, b.o, b.lse, out.o, out.lse],
+        &[&uniform, a.o, a.lse, b.o, b.lse, out.o, out.lse].map(|b| b.as_entire_binding()),
         [gx, gy, 1],
-    )
+    )?;
+    dispatch.encode(pass);
+    Ok(())
 }

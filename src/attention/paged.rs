@@ -18,23 +18,23 @@
 //! Splits depend only on a sequence's own length and block table, never on the rest of the
 //! batch, and rows never interact, so a row's output is bitwise the same alone or batched.
 //!
-//! [`PagedAttentionPlan`] is built once per batch (block tables, work items and their GPU
-//! buffers) and [`PagedAttentionPlan::run`] runs per layer.
+//! [`PagedAttentionPlan`] is built once per batch ([`PagedAttentionPlan::new`]) or once for a
+//! [`PlanCapacity`] and updated per step ([`PagedAttentionPlan::with_capacity`],
+//! [`PagedAttentionPlan::update`]); [`PagedAttentionPlan::encode`] records it per layer into a
+//! caller's compute pass, and [`PagedAttentionPlan::run`] records and submits.
 
 use super::paged_lanes::{
     columns_per_word4, LanesShape, L_MAX_DIM as LANES_MAX_DIM, L_MAX_ROPE,
     L_MAX_TILE as LANES_MAX_TILE,
 };
 use super::{AttentionOptions, AttentionShape};
-use crate::attention::merge::{merge, MergeArgs, MergeParams};
 use crate::cache::allocator::SeqId;
 use crate::cache::paged::PagedKvCache;
 use crate::cache::pool::PoolLayout;
-use crate::gpu::{AttentionKernel, Context};
-use crate::pipeline::PipelineKey;
+use crate::gpu::Context;
 use crate::quant::KvDtype;
 use crate::reference::AttentionOutput;
-use crate::shader::{Kernel, Precision, ShaderVariant};
+use crate::shader::Precision;
 use crate::{Error, Result};
 
 /// Keys per split-K split. Fixed, so a row's reduction order never depends on the batch.
@@ -43,7 +43,7 @@ pub const SPLIT_TOKENS: usize = 512;
 const WG: u32 = 64;
 /// Invocations per workgroup of the lanes kernel (one SIMD group of a CPU adapter: 256-bit
 /// vectors of f32).
-const LANE_WG: u32 = 8;
+pub(super) const LANE_WG: u32 = 8;
 /// Largest tile of rows (the WGSL `MAX_TILE`).
 const MAX_TILE: usize = 16;
 /// Output vec4s each invocation accumulates (the WGSL `MAX_ACC`).
@@ -51,9 +51,9 @@ const MAX_ACC: usize = 8;
 /// Workgroup memory the query tile may take, in bytes.
 const Q_TILE_BYTES: usize = 8192;
 /// Words of one work item, one sequence record and one merge tile in the metadata buffer.
-const ITEM_WORDS: usize = 8;
-const SEQ_WORDS: usize = 4;
-const TILE_WORDS: usize = 5;
+pub(super) const ITEM_WORDS: usize = 8;
+pub(super) const SEQ_WORDS: usize = 4;
+pub(super) const TILE_WORDS: usize = 5;
 
 crate::wgsl_struct! {
     /// Mirror of the WGSL `PagedParams` uniform.
@@ -293,7 +293,10 @@ pub fn lanes_constants_for(
 }
 
 /// The lanes kernel's constants from the workgroup kernel's: its own workgroup size and tile.
-fn lanes_constants(set: Vec<(&'static str, f64)>, tile: usize) -> Vec<(&'static str, f64)> {
+pub(super) fn lanes_constants(
+    set: Vec<(&'static str, f64)>,
+    tile: usize,
+) -> Vec<(&'static str, f64)> {
     set.into_iter()
         .map(|(name, value)| match name {
             "WG" => ("LANE_WG", f64::from(LANE_WG)),
@@ -307,7 +310,7 @@ fn lanes_constants(set: Vec<(&'static str, f64)>, tile: usize) -> Vec<(&'static 
 /// row set (tile x vec4 columns <= 128), which keeps the written-out kernel small enough for a
 /// CPU adapter's compiler (lavapipe: about 0.5 s at 4 rows of 128 dims, 27 s at 8 rows, 106 s
 /// at 8 rows of 256).
-fn lanes_tile(shape: &AttentionShape) -> usize {
+pub(super) fn lanes_tile(shape: &AttentionShape) -> usize {
     let cols = shape.head_dim_qk.max(shape.head_dim_v).div_ceil(4);
     (LANES_MAX_VALUES / 4 / cols).clamp(1, LANES_MAX_TILE)
 }
@@ -318,7 +321,7 @@ const LANES_MAX_VALUES: usize = 512;
 /// Whether every row of pools `k` and `v` starts on a 16-byte boundary, so the lanes kernel can
 /// read rows as vec4<u32> (their blocks, rows and scale sections are whole multiples of four
 /// words).
-fn rows_aligned(k: &PoolLayout, v: &PoolLayout) -> bool {
+pub(super) fn rows_aligned(k: &PoolLayout, v: &PoolLayout) -> bool {
     [k, v]
         .iter()
         .all(|l| l.words_per_row() % 4 == 0 && l.block_words() % 4 == 0)
@@ -326,7 +329,7 @@ fn rows_aligned(k: &PoolLayout, v: &PoolLayout) -> bool {
 
 /// Whether the lanes kernel takes this geometry: query and output rows of at most 256 values
 /// (an MLA key's RoPE part at most 64).
-fn lanes_fit(shape: &AttentionShape, geometry: &KvGeometry) -> bool {
+pub(super) fn lanes_fit(shape: &AttentionShape, geometry: &KvGeometry) -> bool {
     shape.head_dim_qk <= LANES_MAX_DIM
         && shape.head_dim_v <= LANES_MAX_DIM
         && (!geometry.mla || geometry.v.head_dim <= L_MAX_ROPE)
@@ -386,549 +389,7 @@ pub(crate) struct KvGeometry {
     pub mla: bool,
 }
 
-/// A batch planned once from its block tables; [`run`](Self::run) per layer.
-#[derive(Debug)]
-pub struct PagedAttentionPlan {
-    shape: AttentionShape,
-    precision: Precision,
-    /// Rows per tile (the WGSL `TILE`).
-    tile: usize,
-    /// The kernel the plan runs.
-    kernel: AttentionKernel,
-    /// The device converts f16 in shaders (`SHADER_F16_IN_F32`).
-    f16_in_f32: bool,
-    /// Subgroup reductions, chosen at plan time when the device has `SUBGROUP`.
-    subgroups: bool,
-    geometry: KvGeometry,
-    total_q: usize,
-    num_items: usize,
-    num_tiles: usize,
-    /// Per dispatch: pool buffer, items, and its parameters (built once, used by every layer).
-    dispatches: Vec<(usize, usize, wgpu::Buffer)>,
-    merge_params: wgpu::Buffer,
-    meta: wgpu::Buffer,
-    o_part: wgpu::Buffer,
-    lse_part: wgpu::Buffer,
-}
-
-fn check_shape_and_options(
-    ctx: &Context,
-    shape: &AttentionShape,
-    options: &AttentionOptions,
-    geometry: &KvGeometry,
-    precision: Precision,
-) -> Result<()> {
-    shape.validate()?;
-    options.validate(shape)?;
-    let (k, v) = (&geometry.k, &geometry.v);
-    k.dtype.check_head_dim(k.head_dim)?;
-    v.dtype.check_head_dim(v.head_dim)?;
-    let (dims_qk, dims_v) = if geometry.mla {
-        (k.head_dim + v.head_dim, k.head_dim)
-    } else {
-        (k.head_dim, v.head_dim)
-    };
-    if shape.num_kv_heads != k.num_kv_heads
-        || shape.head_dim_qk != dims_qk
-        || shape.head_dim_v != dims_v
-    {
-        return Err(Error::InvalidArgument(format!(
-            "shape {shape:?} does not match the cache ({} KV heads, head dims {dims_qk} and \
-             {dims_v})",
-            k.num_kv_heads
-        )));
-    }
-    if precision == Precision::F16 && !ctx.caps().shader_f16 {
-        return Err(Error::MissingFeature("shader-f16"));
-    }
-    Ok(())
-}
-
-impl PagedAttentionPlan {
-    /// Plans `args.batch` over `cache`: checks every sequence (known, `1 <= len_q <= len_k`),
-    /// cuts the work items and uploads the metadata. Valid for every layer until the block
-    /// tables change (the next append, fork, free or swap).
-    pub fn new(ctx: &Context, cache: &PagedKvCache, args: &PagedAttentionArgs) -> Result<Self> {
-        Self::with_split_tokens(ctx, cache, args, SPLIT_TOKENS)
-    }
-
-    /// [`new`](Self::new) with another split-K size (keys per split, at least 1). Keep one value
-    /// for a deployment: results are bitwise reproducible only for the same split.
-    pub fn with_split_tokens(
-        ctx: &Context,
-        cache: &PagedKvCache,
-        args: &PagedAttentionArgs,
-        split_tokens: usize,
-    ) -> Result<Self> {
-        Self::over_cache(ctx, cache, args, split_tokens, false)
-    }
-
-    /// Plans `args.batch` over `cache`, read as an ordinary K/V cache or (`mla`) as MLA's latent
-    /// cache (see [`KvGeometry::mla`]).
-    pub(crate) fn over_cache(
-        ctx: &Context,
-        cache: &PagedKvCache,
-        args: &PagedAttentionArgs,
-        split_tokens: usize,
-        mla: bool,
-    ) -> Result<Self> {
-        let c = cache.config();
-        let pools = cache.layer(0)?;
-        let geometry = KvGeometry {
-            k: c.k_layout(),
-            v: c.v_layout(),
-            blocks_per_buffer: pools.k.blocks_per_buffer(),
-            num_buffers: pools.k.buffers().len(),
-            mla,
-        };
-        if args.batch.is_empty() {
-            return Err(Error::InvalidArgument("an empty batch".into()));
-        }
-        let mut seqs = Vec::with_capacity(args.batch.len());
-        let mut q_base = 0;
-        for query in args.batch {
-            let len_k = cache.allocator().len(query.seq)?;
-            seqs.push(SeqSpec {
-                q_base,
-                len_q: query.len_q,
-                len_k,
-                table: cache.allocator().blocks(query.seq)?.to_vec(),
-            });
-            q_base += query.len_q;
-        }
-        Self::from_specs(ctx, args, &geometry, &seqs, split_tokens)
-    }
-
-    pub(crate) fn from_specs(
-        ctx: &Context,
-        args: &PagedAttentionArgs,
-        geometry: &KvGeometry,
-        seqs: &[SeqSpec],
-        split_tokens: usize,
-    ) -> Result<Self> {
-        if split_tokens == 0 {
-            return Err(Error::InvalidArgument(
-                "split-K needs at least one key per split".into(),
-            ));
-        }
-        let shape = args.shape;
-        let opts = args.options;
-        check_shape_and_options(ctx, &shape, opts, geometry, args.precision)?;
-        let bs = geometry.k.block_size;
-        for (i, s) in seqs.iter().enumerate() {
-            super::check_seq_len(&format!("sequence {i}"), s.len_q, s.len_k)?;
-            if s.len_q == 0 || s.len_k == 0 {
-                return Err(Error::InvalidArgument(format!("sequence {i} is empty")));
-            }
-            // Without the causal mask the queries need not be the sequence's own tokens (a
-            // cascade's shared-prefix pass); ALiBi then has no positions to measure from.
-            if s.len_q > s.len_k && (opts.causal || opts.alibi_slopes.is_some()) {
-                return Err(Error::InvalidArgument(format!(
-                    "sequence {i}: len_q {} > len_k {} needs non-causal attention without ALiBi",
-                    s.len_q, s.len_k
-                )));
-            }
-            if s.table.len() * bs < s.len_k {
-                return Err(Error::InvalidArgument(format!(
-                    "sequence {i}: {} blocks cannot hold {} tokens",
-                    s.table.len(),
-                    s.len_k
-                )));
-            }
-        }
-        let group = shape.group();
-        // Tiles no larger than the batch's largest sequence needs (a decode batch's tile is its
-        // GQA group). A sequence's tile boundaries stay those of the full tile: one that fits
-        // the smaller tile would fit one full tile too, and a larger one means the full tile.
-        let max_rows = seqs.iter().map(|s| s.len_q * group).max().unwrap_or(1);
-        let kernel = match ctx.caps().attention_kernel {
-            AttentionKernel::Lanes if lanes_fit(&shape, geometry) => AttentionKernel::Lanes,
-            _ => AttentionKernel::Workgroup,
-        };
-        let full_tile = match kernel {
-            AttentionKernel::Workgroup => tile_rows(&shape, args.precision),
-            AttentionKernel::Lanes => lanes_tile(&shape),
-        };
-        let tile = full_tile.min(max_rows).max(1);
-        // A window at least as long as every sequence's keys masks nothing: it is no window.
-        // What remains is shorter than a sequence (at most MAX_TOKENS), so it fits a u32 and the
-        // kernels' `p - j < window` never meets a wrapped sum.
-        let max_len_k = seqs.iter().map(|s| s.len_k).max().unwrap_or(0);
-        let window = opts
-            .sliding_window
-            .filter(|&w| opts.causal && w < max_len_k);
-        let bpb = geometry.blocks_per_buffer;
-
-        // Work items in (sequence, tile, key) order; merge tiles point at their run of items.
-        let mut items: Vec<[u32; ITEM_WORDS]> = Vec::new();
-        let mut item_buffer: Vec<usize> = Vec::new();
-        let mut tiles: Vec<[u32; TILE_WORDS]> = Vec::new();
-        for (si, s) in seqs.iter().enumerate() {
-            let rows = s.len_q * group;
-            let mut row0 = 0;
-            while row0 < rows {
-                let n = tile.min(rows - row0);
-                let (lo, hi) = if opts.causal {
-                    // Positions of the tile's first and last query.
-                    let first_pos = row0 / group + s.len_k - s.len_q;
-                    let last_pos = (row0 + n - 1) / group + s.len_k - s.len_q;
-                    let lo = window.map_or(0, |w| (first_pos + 1).saturating_sub(w));
-                    (lo, last_pos + 1)
-                } else {
-                    (0, s.len_k)
-                };
-                let first_item = items.len();
-                let mut k0 = lo;
-                while k0 < hi {
-                    let buffer = s.table[k0 / bs] as usize / bpb;
-                    let mut k1 = ((k0 / split_tokens + 1) * split_tokens).min(hi);
-                    // End the item where the blocks leave this buffer.
-                    let mut k = (k0 / bs + 1) * bs;
-                    while k < k1 {
-                        if s.table[k / bs] as usize / bpb != buffer {
-                            k1 = k;
-                            break;
-                        }
-                        k += bs;
-                    }
-                    items.push([
-                        si as u32,
-                        row0 as u32,
-                        n as u32,
-                        k0 as u32,
-                        k1 as u32,
-                        0,
-                        0,
-                        0,
-                    ]);
-                    item_buffer.push(buffer);
-                    k0 = k1;
-                }
-                tiles.push([
-                    s.q_base as u32,
-                    row0 as u32,
-                    n as u32,
-                    first_item as u32,
-                    (items.len() - first_item) as u32,
-                ]);
-                // Rows of a tile are relative to the sequence: q_base locates them.
-                row0 += n;
-            }
-        }
-
-        // Metadata: items, sequences, slopes, sinks, merge tiles, block tables, item lists.
-        let mut meta: Vec<u32> = Vec::new();
-        let items_at = meta.len();
-        meta.extend(items.iter().flatten());
-        let seqs_at = meta.len();
-        let tables_at = seqs_at + seqs.len() * SEQ_WORDS;
-        let mut table_at = tables_at + 2 * shape.num_q_heads + tiles.len() * TILE_WORDS;
-        for s in seqs {
-            meta.extend([
-                s.q_base as u32,
-                s.len_q as u32,
-                s.len_k as u32,
-                table_at as u32,
-            ]);
-            table_at += s.table.len();
-        }
-        let slopes_at = meta.len();
-        let zeros = vec![0.0f32; shape.num_q_heads];
-        meta.extend(
-            opts.alibi_slopes
-                .as_deref()
-                .unwrap_or(&zeros)
-                .iter()
-                .map(|x| x.to_bits()),
-        );
-        let sinks_at = meta.len();
-        meta.extend(
-            opts.sinks
-                .as_deref()
-                .unwrap_or(&zeros)
-                .iter()
-                .map(|x| x.to_bits()),
-        );
-        let tiles_at = meta.len();
-        meta.extend(tiles.iter().flatten());
-        debug_assert_eq!(
-            meta.len(),
-            tables_at + 2 * shape.num_q_heads + tiles.len() * TILE_WORDS
-        );
-        for s in seqs {
-            meta.extend(&s.table);
-        }
-        let max_x = ctx.caps().max_compute_workgroups_per_dimension as usize;
-        // Items per dispatch: a workgroup each, or a KV head's invocation each.
-        let per_dispatch = match kernel {
-            AttentionKernel::Workgroup => max_x,
-            AttentionKernel::Lanes => (max_x * LANE_WG as usize / shape.num_kv_heads).max(1),
-        };
-        let mut dispatches = Vec::new();
-        for buffer in 0..geometry.num_buffers {
-            let ids: Vec<u32> = (0..items.len())
-                .filter(|&i| item_buffer[i] == buffer)
-                .map(|i| i as u32)
-                .collect();
-            for chunk in ids.chunks(per_dispatch) {
-                dispatches.push((buffer, meta.len(), chunk.len()));
-                meta.extend(chunk);
-            }
-        }
-        if tiles.len() > max_x {
-            return Err(Error::InvalidArgument(format!(
-                "{} row tiles exceed the adapter's {max_x} workgroups per dimension; split the batch",
-                tiles.len()
-            )));
-        }
-
-        let total_q = seqs.iter().map(|s| s.len_q).sum();
-        let hkv = shape.num_kv_heads;
-        let part_rows = items.len() * hkv * tile;
-        let window = window.map_or(0, |w| w as u32);
-        let flags = u32::from(opts.causal) | (u32::from(opts.alibi_slopes.is_some()) << 1);
-        let dispatches = dispatches
-            .into_iter()
-            .map(|(buffer, list_at, list_len)| {
-                let params = PagedParams {
-                    num_q_heads: shape.num_q_heads as u32,
-                    num_kv_heads: hkv as u32,
-                    block_size: bs as u32,
-                    first_block: (buffer * bpb) as u32,
-                    scale: opts.scale_for(&shape),
-                    softcap: opts.softcap.unwrap_or(0.0),
-                    window,
-                    flags,
-                    items_at: items_at as u32,
-                    seqs_at: seqs_at as u32,
-                    slopes_at: slopes_at as u32,
-                    list_at: list_at as u32,
-                    list_len: list_len as u32,
-                    ..Default::default()
-                };
-                Ok((buffer, list_len, ctx.uniform("paged params", &params)?))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let merge_params = MergeParams {
-            num_q_heads: shape.num_q_heads as u32,
-            num_kv_heads: hkv as u32,
-            flags: u32::from(opts.sinks.is_some()),
-            tiles_at: tiles_at as u32,
-            sinks_at: sinks_at as u32,
-            ..Default::default()
-        };
-        let plan = Self {
-            shape,
-            precision: args.precision,
-            tile,
-            kernel,
-            f16_in_f32: ctx.caps().f16_in_f32,
-            subgroups: ctx.caps().subgroups,
-            geometry: *geometry,
-            total_q,
-            num_items: items.len(),
-            num_tiles: tiles.len(),
-            dispatches,
-            merge_params: ctx.uniform("merge params", &merge_params)?,
-            meta: ctx.upload("attention plan", &meta)?,
-            o_part: ctx.filled(
-                "partial o",
-                part_rows * shape.head_dim_v,
-                crate::gpu::UNWRITTEN,
-            )?,
-            lse_part: ctx.filled("partial lse", part_rows, crate::gpu::UNWRITTEN)?,
-        };
-        Ok(plan)
-    }
-
-    /// Query rows (tokens) of the batch.
-    pub fn total_q(&self) -> usize {
-        self.total_q
-    }
-
-    /// The kernel the plan runs (the context's choice, or the workgroup kernel for head dims
-    /// the lanes kernel does not take).
-    pub fn kernel(&self) -> AttentionKernel {
-        self.kernel
-    }
-
-    /// Work items (partial states per KV head) the plan cut.
-    pub fn num_items(&self) -> usize {
-        self.num_items
-    }
-
-    fn pipeline_key(&self, kernel: Kernel) -> PipelineKey {
-        let precision = if kernel == Kernel::Merge {
-            Precision::F32
-        } else {
-            self.precision
-        };
-        let attention = || {
-            constants(
-                &self.shape,
-                self.tile,
-                &self.geometry.k,
-                &self.geometry.v,
-                self.geometry.mla,
-            )
-        };
-        let constants = match kernel {
-            Kernel::Merge => crate::attention::merge::constants(&self.shape, self.tile),
-            Kernel::PagedLanes => lanes_constants(attention(), self.tile),
-            _ => attention(),
-        };
-        let subgroups = self.subgroups && kernel.has_subgroup_variant();
-        let variant = match kernel {
-            Kernel::PagedLanes => ShaderVariant::lanes(precision, self.lanes_shape()),
-            _ => ShaderVariant {
-                subgroups,
-                ..ShaderVariant::new(kernel, precision)
-            },
-        };
-        PipelineKey::new(variant, &constants)
-    }
-
-    /// What the lanes kernel is written out for in this plan.
-    fn lanes_shape(&self) -> LanesShape {
-        let (k, v) = (&self.geometry.k, &self.geometry.v);
-        let mla = self.geometry.mla;
-        LanesShape {
-            tile: self.tile as u16,
-            k_cols: (k.head_dim / 4) as u16,
-            rope_cols: if mla { (v.head_dim / 4) as u16 } else { 0 },
-            out_cols: (self.shape.head_dim_v / 4) as u16,
-            k_qpw: columns_per_word4(k.dtype),
-            v_qpw: columns_per_word4(if mla { k.dtype } else { v.dtype }),
-            wide: rows_aligned(k, v),
-            f16_convert: self.f16_in_f32,
-        }
-    }
-
-    /// Runs the batch on one layer's pools: `pools[b]` is the (K, V) buffer pair `b`, `scales`
-    /// the K and V pools' [`TensorScale`](crate::cache::pool::TensorScale) uniforms. `q` is
-    /// `[total_q, Hq, d_qk]` f32; writes `out` `[total_q, Hq, d_v]` and `lse` `[total_q, Hq]`.
-    pub(crate) fn run_on(
-        &self,
-        ctx: &Context,
-        pools: &[(&wgpu::Buffer, &wgpu::Buffer)],
-        scales: (&wgpu::Buffer, &wgpu::Buffer),
-        q: &wgpu::Buffer,
-        out: &wgpu::Buffer,
-        lse: &wgpu::Buffer,
-    ) -> Result<()> {
-        let s = &self.shape;
-        let need = |what: &str, buffer: &wgpu::Buffer, elems: usize| -> Result<()> {
-            let bytes = (elems * 4) as u64;
-            if buffer.size() < bytes {
-                return Err(Error::InvalidArgument(format!(
-                    "{what} buffer holds {} bytes, the batch needs {bytes}",
-                    buffer.size()
-                )));
-            }
-            Ok(())
-        };
-        need("q", q, self.total_q * s.num_q_heads * s.head_dim_qk)?;
-        need("out", out, self.total_q * s.num_q_heads * s.head_dim_v)?;
-        need("lse", lse, self.total_q * s.num_q_heads)?;
-        if pools.len() != self.geometry.num_buffers {
-            return Err(Error::InvalidArgument(format!(
-                "{} pool buffers given, the plan was made for {}",
-                pools.len(),
-                self.geometry.num_buffers
-            )));
-        }
-        for (buffer, &pair) in pools.iter().enumerate() {
-            self.attend_buffer(ctx, buffer, pair, scales, q)?;
-        }
-        self.merge_into(ctx, out, lse)
-    }
-
-    /// The work items whose keys lie in pool buffer `buffer`, bound as `pools` (K, V): their
-    /// partial states, for [`merge_into`](Self::merge_into) once every buffer is done. The
-    /// buffers' contents need to stay only until this call is submitted, so one scratch pair can
-    /// serve every buffer in turn. `q` must hold the batch (callers check its size).
-    pub(crate) fn attend_buffer(
-        &self,
-        ctx: &Context,
-        buffer: usize,
-        pools: (&wgpu::Buffer, &wgpu::Buffer),
-        scales: (&wgpu::Buffer, &wgpu::Buffer),
-        q: &wgpu::Buffer,
-    ) -> Result<()> {
-        let (kernel, per_item) = match self.kernel {
-            AttentionKernel::Workgroup => (Kernel::Paged, None),
-            AttentionKernel::Lanes => (Kernel::PagedLanes, Some(self.shape.num_kv_heads)),
-        };
-        let pipeline = ctx.pipeline(&self.pipeline_key(kernel))?;
-        for (b, list_len, uniform) in &self.dispatches {
-            if *b != buffer {
-                continue;
-            }
-            let grid = match per_item {
-                None => [*list_len as u32, self.shape.num_kv_heads as u32, 1],
-                Some(heads) => [(*list_len * heads).div_ceil(LANE_WG as usize) as u32, 1, 1],
-            };
-            let mut buffers = vec![
-                uniform,
-                q,
-                pools.0,
-                pools.1,
-                &self.meta,
-                &self.o_part,
-                &self.lse_part,
-                scales.0,
-                scales.1,
-            ];
-            if per_item.is_some() && self.lanes_shape().wide {
-                // The lanes kernel's vec4 views of the same pools.
-                buffers.extend([pools.0, pools.1]);
-            }
-            ctx.dispatch(&pipeline, &buffers, grid)?;
-        }
-        Ok(())
-    }
-
-    /// Merges every item's partial state into `out` and `lse` (sizes checked by the caller).
-    pub(crate) fn merge_into(
-        &self,
-        ctx: &Context,
-        out: &wgpu::Buffer,
-        lse: &wgpu::Buffer,
-    ) -> Result<()> {
-        let s = &self.shape;
-        let merge_pipeline = ctx.pipeline(&self.pipeline_key(Kernel::Merge))?;
-        merge(
-            ctx,
-            &MergeArgs {
-                pipeline: &merge_pipeline,
-                params: &self.merge_params,
-                num_tiles: self.num_tiles,
-                num_kv_heads: s.num_kv_heads,
-                meta: &self.meta,
-                o_part: &self.o_part,
-                lse_part: &self.lse_part,
-                out,
-                lse,
-            },
-        )
-    }
-
-    /// Runs the batch on `layer` of `cache` (the cache the plan was made from).
-    pub fn run(
-        &self,
-        ctx: &Context,
-        cache: &PagedKvCache,
-        layer: usize,
-        q: &wgpu::Buffer,
-        out: &wgpu::Buffer,
-        lse: &wgpu::Buffer,
-    ) -> Result<()> {
-        let pools = cache.layer(layer)?;
-        let pairs: Vec<_> = pools.k.buffers().iter().zip(pools.v.buffers()).collect();
-        let scales = (pools.k.scale_uniform(), pools.v.scale_uniform());
-        self.run_on(ctx, &pairs, scales, q, out, lse)
-    }
-}
+pub use super::paged_plan::{AttentionIo, PagedAttentionPlan, PlanCapacity, PlanSpec};
 
 /// Runs attention over `cache` with host queries `q` (`[total_q, Hq, d_qk]`, rows in batch
 /// order) and reads `out` (`[total_q, Hq, d_v]`) and `lse` (`[total_q, Hq]`) back.

@@ -17,6 +17,7 @@ mod mla;
 mod nan_semantics;
 mod paged;
 mod paged_attention;
+mod plan_lifetime;
 mod rope;
 mod serve;
 mod snapshot;
