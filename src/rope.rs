@@ -22,7 +22,8 @@
 use std::num::NonZeroU64;
 
 use crate::gpu::check_storage;
-use crate::gpu::{Context, STORAGE};
+use crate::gpu::dispatch::offset_alignment;
+use crate::gpu::{Context, Dispatch, STORAGE};
 use crate::pipeline::PipelineKey;
 use crate::shader::{Kernel, Precision, ShaderVariant};
 use crate::{Error, Result};
@@ -100,7 +101,8 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 /// Tokens per dispatch: as many as one storage binding holds, in a multiple that keeps every
-/// chunk's byte offset aligned to `min_storage_buffer_offset_alignment`.
+/// chunk's byte offset in the tensor and in the positions (4 bytes a token) aligned to
+/// `min_storage_buffer_offset_alignment`.
 fn tokens_per_chunk(ctx: &Context, n_tokens: usize, token_bytes: u64) -> Result<usize> {
     let limit = ctx
         .caps()
@@ -115,8 +117,9 @@ fn tokens_per_chunk(ctx: &Context, n_tokens: usize, token_bytes: u64) -> Result<
         });
     }
     if per < n_tokens as u64 {
-        let align = u64::from(ctx.device.limits().min_storage_buffer_offset_alignment).max(1);
-        let step = align / gcd(token_bytes, align);
+        let align = offset_alignment(ctx);
+        // Both steps divide `align` (a power of two), so the larger is a multiple of both.
+        let step = (align / gcd(token_bytes, align)).max(align / 4);
         per = per / step * step;
         if per == 0 {
             return Err(Error::TooLarge {
@@ -129,19 +132,238 @@ fn tokens_per_chunk(ctx: &Context, n_tokens: usize, token_bytes: u64) -> Result<
     Ok(usize::try_from(per).unwrap_or(usize::MAX).min(n_tokens))
 }
 
-/// One dispatch: the uniform, the positions of its tokens, its byte range in `x` and `out`, and
-/// the workgroup grid.
-struct Chunk {
-    uniform: wgpu::Buffer,
-    positions: wgpu::Buffer,
-    offset: u64,
-    bytes: NonZeroU64,
-    grid: [u32; 2],
+/// The turns table of one [`RopeConfig`] on the GPU ([`turn_table`]), uploaded once and reused
+/// by every rotation with that configuration.
+#[derive(Debug)]
+pub struct RopeTables {
+    cfg: RopeConfig,
+    turns: wgpu::Buffer,
+}
+
+impl RopeTables {
+    /// Checks `cfg` ([`RopeConfig::validate`]) and uploads its turns table (one buffer).
+    pub fn new(ctx: &Context, cfg: &RopeConfig) -> Result<Self> {
+        cfg.validate()?;
+        let turns: Vec<u32> = turn_table(cfg).into_iter().flatten().collect();
+        Ok(Self {
+            cfg: cfg.clone(),
+            turns: ctx.upload("rope turns", &turns)?,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RopeConfig {
+        &self.cfg
+    }
+}
+
+/// What one rotation reads and writes: `x` (`[tokens, num_heads, head_dim]` f32 from the start
+/// of its binding) is rotated into `out` (the same shape), token `t` at position
+/// `positions[t]` (u32, from the start of the buffer; rewrite it with
+/// [`Context::write_buffer`] between steps).
+#[derive(Debug, Clone)]
+pub struct RopeArgs<'a> {
+    /// The configuration's turns table.
+    pub tables: &'a RopeTables,
+    /// The input (a storage binding; offset aligned to `min_storage_buffer_offset_alignment`).
+    pub x: wgpu::BufferBinding<'a>,
+    /// Position of each token (storage, at least `tokens` u32 values).
+    pub positions: &'a wgpu::Buffer,
+    /// Tokens to rotate.
+    pub tokens: usize,
+    /// The output (as `x`, in another buffer).
+    pub out: wgpu::BufferBinding<'a>,
+}
+
+/// RoPE as prepared dispatches.
+#[derive(Debug, Clone, Copy)]
+pub struct Rope;
+
+/// A rotation prepared once: its parameter uniforms and bind groups are made by
+/// [`Rope::prepare`]; [`encode`](Self::encode) records it and creates nothing. The positions
+/// are read from the positions buffer when the work runs, so a decoder rewrites them each step
+/// and records the same prepared rotation.
+#[derive(Debug, Clone)]
+pub struct PreparedRope {
+    dispatches: Vec<Dispatch>,
+}
+
+impl PreparedRope {
+    /// Records the rotation into `pass` (nothing for zero tokens).
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        for dispatch in &self.dispatches {
+            dispatch.encode(pass);
+        }
+    }
+
+    /// The prepared dispatches (one per chunk of tokens that fits a storage binding).
+    pub fn dispatches(&self) -> &[Dispatch] {
+        &self.dispatches
+    }
+}
+
+impl Rope {
+    /// Checks `args` and makes the rotation's uniforms and bind groups (inputs larger than one
+    /// storage binding are processed in chunks of whole tokens).
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] when `x`, `out` or `positions` is smaller than the tokens need;
+    /// [`Error::InvalidArgument`] when `x` and `out` are the same buffer, a buffer lacks
+    /// `STORAGE` usage or a binding's offset is not aligned to
+    /// `min_storage_buffer_offset_alignment`; [`Error::TooLarge`] when one token exceeds the
+    /// storage binding limit; [`Error::Gpu`] or [`Error::Shader`] from wgpu.
+    pub fn prepare<'a>(ctx: &Context, args: &RopeArgs<'a>) -> Result<PreparedRope> {
+        let cfg = &args.tables.cfg;
+        let elems = cfg.elems(args.tokens)?;
+        let bytes = elems as u64 * 4;
+        let (x, out) = (&args.x, &args.out);
+        check_bound(ctx, "rope input x", x, bytes)?;
+        check_bound(ctx, "rope output out", out, bytes)?;
+        if x.buffer == out.buffer {
+            return Err(Error::InvalidArgument(
+                "rope writes out of place: x and out must be different buffers".into(),
+            ));
+        }
+        check_storage("rope positions", args.positions, args.tokens)?;
+        if args.tokens == 0 {
+            return Ok(PreparedRope {
+                dispatches: Vec::new(),
+            });
+        }
+        let token_bytes = cfg.token_elems()? as u64 * 4;
+        let per = tokens_per_chunk(ctx, args.tokens, token_bytes)?;
+        let key = PipelineKey::new(ShaderVariant::new(Kernel::Rope, Precision::F32), &[]);
+        let pipeline = ctx.pipeline(&key)?;
+        let max_groups = ctx.caps().max_compute_workgroups_per_dimension;
+        let mut dispatches = Vec::new();
+        let mut t0 = 0;
+        while t0 < args.tokens {
+            let n = per.min(args.tokens - t0);
+            let rows = n * cfg.num_heads;
+            let invocations = rows as u64 * (cfg.head_dim / 2) as u64;
+            let groups = invocations.div_ceil(u64::from(WG));
+            let gx = groups.min(u64::from(max_groups)) as u32;
+            let gy = groups.div_ceil(u64::from(gx));
+            if gy > u64::from(max_groups) {
+                return Err(Error::InvalidArgument(format!(
+                    "rope: {groups} workgroups exceed the adapter's {max_groups} x {max_groups} \
+                     grid"
+                )));
+            }
+            let params = RopeParams {
+                num_rows: rows as u32,
+                num_heads: cfg.num_heads as u32,
+                half_dim: (cfg.head_dim / 2) as u32,
+                half_rot: (cfg.rotary_dim / 2) as u32,
+                style: match cfg.style {
+                    RopeStyle::NeoX => 0,
+                    RopeStyle::GptJ => 1,
+                },
+                stride_x: gx * WG,
+                ..Default::default()
+            };
+            let uniform = ctx.uniform("rope params", &params)?;
+            let offset = t0 as u64 * token_bytes;
+            let chunk = NonZeroU64::new(n as u64 * token_bytes)
+                .ok_or_else(|| Error::InvalidArgument("rope: an empty chunk".into()))?;
+            let part = |b: &wgpu::BufferBinding<'a>| {
+                wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: b.buffer,
+                    offset: b.offset + offset,
+                    size: Some(chunk),
+                })
+            };
+            let positions = NonZeroU64::new(n as u64 * 4)
+                .ok_or_else(|| Error::InvalidArgument("rope: an empty chunk".into()))?;
+            dispatches.push(ctx.prepare_dispatch(
+                "rope",
+                &pipeline,
+                &[
+                    uniform.as_entire_binding(),
+                    part(x),
+                    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: args.positions,
+                        offset: t0 as u64 * 4,
+                        size: Some(positions),
+                    }),
+                    args.tables.turns.as_entire_binding(),
+                    part(out),
+                ],
+                [gx, gy as u32, 1],
+            )?);
+            t0 += n;
+        }
+        Ok(PreparedRope { dispatches })
+    }
+}
+
+/// Checks that `binding` lies inside its buffer at an aligned offset, has `STORAGE` usage and
+/// holds `bytes` bytes (it may exceed one storage binding: it is bound in chunks).
+fn check_bound(
+    ctx: &Context,
+    what: &'static str,
+    binding: &wgpu::BufferBinding<'_>,
+    bytes: u64,
+) -> Result<()> {
+    let buffer = binding.buffer;
+    if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+        return Err(Error::InvalidArgument(format!(
+            "{what} was not created with STORAGE usage"
+        )));
+    }
+    let align = offset_alignment(ctx);
+    if binding.offset % align != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: offset {} is not a multiple of the device's storage offset alignment \
+             ({align} bytes)",
+            binding.offset
+        )));
+    }
+    let rest = buffer.size().checked_sub(binding.offset).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{what}: offset {} is past the end of a {}-byte buffer",
+            binding.offset,
+            buffer.size()
+        ))
+    })?;
+    let size = binding.size.map_or(rest, NonZeroU64::get);
+    if size > rest {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: {size} bytes at {} pass the end of a {}-byte buffer",
+            binding.offset,
+            buffer.size()
+        )));
+    }
+    if size < bytes {
+        return Err(Error::ShapeMismatch {
+            what,
+            expected: usize::try_from(bytes / 4).unwrap_or(usize::MAX),
+            got: usize::try_from(size / 4).unwrap_or(usize::MAX),
+        });
+    }
+    Ok(())
+}
+
+/// Records the rotation of `args` into `pass`: [`Rope::prepare`], then
+/// [`PreparedRope::encode`] (bind groups made by this call; keep a [`PreparedRope`] to record
+/// warm steps without creating anything).
+///
+/// # Errors
+/// As [`Rope::prepare`]; nothing is recorded on error.
+pub fn encode_rope(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    args: &RopeArgs<'_>,
+) -> Result<()> {
+    Rope::prepare(ctx, args)?.encode(pass);
+    Ok(())
 }
 
 /// Rotates `x` (`[positions.len(), num_heads, head_dim]` f32, row-major, at the start of the
 /// buffer) into `out`, token `t` at position `positions[t]`. One submission; inputs larger
-/// than one storage binding are processed in chunks of whole tokens.
+/// than one storage binding are processed in chunks of whole tokens. Uploads the turns table
+/// and the positions each call: a decoder keeps a [`RopeTables`], a positions buffer and a
+/// [`PreparedRope`] instead.
 ///
 /// # Errors
 /// Everything is checked before anything is dispatched, and on error nothing is written:
@@ -168,68 +390,25 @@ pub fn rope(
     if positions.is_empty() {
         return Ok(());
     }
-    let token_bytes = cfg.token_elems()? as u64 * 4;
-    let per = tokens_per_chunk(ctx, positions.len(), token_bytes)?;
-    let key = PipelineKey::new(ShaderVariant::new(Kernel::Rope, Precision::F32), &[]);
-    let pipeline = ctx.pipeline(&key)?;
-    let turns: Vec<u32> = turn_table(cfg).into_iter().flatten().collect();
-    let turns = ctx.upload("rope turns", &turns)?;
-    let max_groups = ctx.caps().max_compute_workgroups_per_dimension;
-    let mut chunks = Vec::new();
-    for (c, pos) in positions.chunks(per).enumerate() {
-        let rows = pos.len() * cfg.num_heads;
-        let invocations = rows as u64 * (cfg.head_dim / 2) as u64;
-        let groups = invocations.div_ceil(u64::from(WG));
-        let gx = groups.min(u64::from(max_groups)) as u32;
-        let gy = groups.div_ceil(u64::from(gx));
-        if gy > u64::from(max_groups) {
-            return Err(Error::InvalidArgument(format!(
-                "rope: {groups} workgroups exceed the adapter's {max_groups} x {max_groups} grid"
-            )));
-        }
-        let params = RopeParams {
-            num_rows: rows as u32,
-            num_heads: cfg.num_heads as u32,
-            half_dim: (cfg.head_dim / 2) as u32,
-            half_rot: (cfg.rotary_dim / 2) as u32,
-            style: match cfg.style {
-                RopeStyle::NeoX => 0,
-                RopeStyle::GptJ => 1,
-            },
-            stride_x: gx * WG,
-            ..Default::default()
-        };
-        let bytes = pos.len() as u64 * token_bytes;
-        chunks.push(Chunk {
-            uniform: ctx.uniform("rope params", &params)?,
-            positions: ctx.upload("rope positions", pos)?,
-            offset: (c * per) as u64 * token_bytes,
-            bytes: NonZeroU64::new(bytes)
-                .ok_or_else(|| Error::InvalidArgument("rope: an empty chunk".into()))?,
-            grid: [gx, gy as u32],
-        });
-    }
-    let range = |buffer, chunk: &Chunk| {
-        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-            buffer,
-            offset: chunk.offset,
-            size: Some(chunk.bytes),
-        })
-    };
-    let dispatches = chunks
-        .iter()
-        .map(|chunk| {
-            let resources = vec![
-                chunk.uniform.as_entire_binding(),
-                range(x, chunk),
-                chunk.positions.as_entire_binding(),
-                turns.as_entire_binding(),
-                range(out, chunk),
-            ];
-            (resources, [chunk.grid[0], chunk.grid[1], 1])
-        })
-        .collect();
-    crate::gpu::dispatch::submit_dispatches(ctx, "rope", &pipeline, dispatches)
+    // Chunks bind at most one binding's worth of tokens; the whole tensor must fit the
+    // buffer-size limit only.
+    let tables = RopeTables::new(ctx, cfg)?;
+    let positions_buffer = ctx.upload("rope positions", positions)?;
+    let prepared = Rope::prepare(
+        ctx,
+        &RopeArgs {
+            tables: &tables,
+            x: x.as_entire_buffer_binding(),
+            positions: &positions_buffer,
+            tokens: positions.len(),
+            out: out.as_entire_buffer_binding(),
+        },
+    )?;
+    ctx.run_pass("rope", |pass| {
+        prepared.encode(pass);
+        Ok(())
+    })?;
+    Ok(())
 }
 
 /// A storage buffer holding `data`, sized by the adapter's buffer limit rather than its binding

@@ -6,8 +6,11 @@
 //! arithmetic on the f32 bits (correctly rounded, subnormals included), never with the driver's
 //! float operations.
 
+use std::sync::Arc;
+
+use super::append_plan::check_storage_binding;
 use super::pool::BlockPool;
-use crate::gpu::Context;
+use crate::gpu::{Context, Dispatch};
 use crate::pipeline::PipelineKey;
 use crate::quant::KvDtype;
 use crate::shader::{Kernel, Precision, ShaderVariant};
@@ -80,6 +83,19 @@ fn kernel_constants(
         ("SRC_F16", f64::from(u8::from(src == SourceDtype::F16))),
         ("PER_TENSOR", f64::from(u8::from(per_tensor))),
     ]
+}
+
+/// The `append_kv` pipeline writing into pools shaped like `pool` from `src` values.
+pub(crate) fn append_pipeline(
+    ctx: &Context,
+    pool: &BlockPool,
+    src: SourceDtype,
+) -> Result<Arc<wgpu::ComputePipeline>> {
+    let key = PipelineKey::new(
+        ShaderVariant::new(Kernel::AppendKv, Precision::F32),
+        &constants(pool, src),
+    );
+    ctx.pipeline(&key)
 }
 
 /// Override constants for the naga tests: every storage format (FP8 with per-row and
@@ -225,6 +241,7 @@ pub fn append_kv(
 }
 
 /// [`append_kv`] with the rows already arranged (for writing several pools with one batch).
+/// One submission (none when there are no rows).
 pub fn append_rows(
     ctx: &Context,
     pool: &BlockPool,
@@ -232,6 +249,47 @@ pub fn append_rows(
     src_dtype: SourceDtype,
     rows: &AppendRows,
 ) -> Result<()> {
+    let dispatches = prepare_rows(ctx, pool, src.as_entire_buffer_binding(), src_dtype, rows)?;
+    if dispatches.is_empty() {
+        return Ok(());
+    }
+    ctx.run_pass("append_kv", |pass| {
+        dispatches.iter().for_each(|d| d.encode(pass));
+        Ok(())
+    })?;
+    Ok(())
+}
+
+/// Records [`append_rows`] into `pass`: the rows of `src` (a storage binding, rows from its
+/// start) into `pool`. Everything is checked and every bind group made before anything is
+/// recorded.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when `rows` was arranged for a pool of another shape, `src` lacks
+/// `STORAGE` usage or its offset is not aligned to `min_storage_buffer_offset_alignment`;
+/// [`Error::ShapeMismatch`] when `src` holds fewer bytes than the rows; creation errors.
+pub fn encode_append_rows(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    pool: &BlockPool,
+    src: wgpu::BufferBinding<'_>,
+    src_dtype: SourceDtype,
+    rows: &AppendRows,
+) -> Result<()> {
+    for dispatch in &prepare_rows(ctx, pool, src, src_dtype, rows)? {
+        dispatch.encode(pass);
+    }
+    Ok(())
+}
+
+/// The dispatches of [`encode_append_rows`], checked and bound, not recorded.
+pub(crate) fn prepare_rows(
+    ctx: &Context,
+    pool: &BlockPool,
+    src: wgpu::BufferBinding<'_>,
+    src_dtype: SourceDtype,
+    rows: &AppendRows,
+) -> Result<Vec<Dispatch>> {
     if !rows.fits(pool) {
         return Err(Error::InvalidArgument(
             "the append rows were arranged for a pool of another shape".into(),
@@ -239,31 +297,26 @@ pub fn append_rows(
     }
     let layout = pool.layout();
     let row_bytes = (layout.num_kv_heads * layout.head_dim * src_dtype.bytes()) as u64;
-    let needed = row_bytes * rows.rows as u64;
-    if src.size() < needed {
-        return Err(Error::InvalidArgument(format!(
-            "append source holds {} bytes, {} rows need {needed}",
-            src.size(),
-            rows.rows
-        )));
+    check_storage_binding(ctx, "append source", &src, row_bytes * rows.rows as u64)?;
+    if rows.dispatches.is_empty() {
+        return Ok(Vec::new());
     }
-    let key = PipelineKey::new(
-        ShaderVariant::new(Kernel::AppendKv, Precision::F32),
-        &constants(pool, src_dtype),
-    );
-    let pipeline = ctx.pipeline(&key)?;
-    for (buffer, n, list, uniform) in &rows.dispatches {
-        ctx.dispatch(
-            &pipeline,
-            &[
-                uniform,
-                src,
-                list,
-                &pool.buffers()[*buffer],
-                pool.scale_uniform(),
-            ],
-            [layout.num_kv_heads as u32, *n, 1],
-        )?;
-    }
-    Ok(())
+    let pipeline = append_pipeline(ctx, pool, src_dtype)?;
+    rows.dispatches
+        .iter()
+        .map(|(buffer, n, list, uniform)| {
+            ctx.prepare_dispatch(
+                "append_kv",
+                &pipeline,
+                &[
+                    uniform.as_entire_binding(),
+                    wgpu::BindingResource::Buffer(src.clone()),
+                    list.as_entire_binding(),
+                    pool.buffers()[*buffer].as_entire_binding(),
+                    pool.scale_uniform().as_entire_binding(),
+                ],
+                [layout.num_kv_heads as u32, *n, 1],
+            )
+        })
+        .collect()
 }

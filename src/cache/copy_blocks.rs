@@ -28,35 +28,53 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
     vec![Vec::new()]
 }
 
-/// Copies block `src` to block `dst` for every pair; a destination must not be a source.
+/// Copies block `src` to block `dst` for every pair; a destination must not be a source. One
+/// submission ([`encode_copy_blocks`] into an encoder of its own; none without pairs).
 pub fn copy_blocks(ctx: &Context, pool: &BlockPool, pairs: &[(BlockId, BlockId)]) -> Result<()> {
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    let mut encoder = ctx.encoder("copy blocks");
+    encode_copy_blocks(ctx, &mut encoder, pool, pairs)?;
+    ctx.submit("copy blocks", encoder)?;
+    Ok(())
+}
+
+/// Records [`copy_blocks`] into `encoder`: a buffer copy per pair whose blocks lie in different
+/// pool buffers, then one compute pass for the pairs inside one buffer (wgpu cannot copy a
+/// buffer into itself). Every block is located, and every buffer and bind group made, before
+/// anything is recorded.
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a block lies outside the
+/// pool (nothing recorded); creation errors.
+pub fn encode_copy_blocks(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    pool: &BlockPool,
+    pairs: &[(BlockId, BlockId)],
+) -> Result<()> {
     if pairs.is_empty() {
         return Ok(());
     }
     let bytes = pool.layout().block_bytes();
     let mut same_buffer: Vec<Vec<u32>> = vec![Vec::new(); pool.buffers().len()];
-    let mut encoder = ctx.encoder("copy blocks between buffers");
+    let mut between = Vec::new();
     for &(src, dst) in pairs {
         let (sb, sl) = pool.locate(src)?;
         let (db, dl) = pool.locate(dst)?;
         if sb == db {
             same_buffer[sb].extend([sl as u32, dl as u32]);
         } else {
-            encoder.copy_buffer_to_buffer(
-                &pool.buffers()[sb],
-                sl as u64 * bytes,
-                &pool.buffers()[db],
-                dl as u64 * bytes,
-                bytes,
-            );
+            between.push((sb, sl as u64 * bytes, db, dl as u64 * bytes));
         }
     }
-    ctx.submit("copy blocks between buffers", encoder)?;
     let key = PipelineKey::new(ShaderVariant::new(Kernel::CopyBlocks, Precision::F32), &[]);
     // Pairs per dispatch: within the workgroup limit and the (possibly capped) binding size.
     let caps = ctx.caps();
     let per_dispatch = (caps.max_compute_workgroups_per_dimension as usize)
         .min((caps.max_storage_buffer_binding_size / 8) as usize);
+    let mut dispatches = Vec::new();
     for (buffer, pairs) in same_buffer.iter().enumerate() {
         for chunk in pairs.chunks(2 * per_dispatch) {
             if chunk.is_empty() {
@@ -70,11 +88,25 @@ pub fn copy_blocks(ctx: &Context, pool: &BlockPool, pairs: &[(BlockId, BlockId)]
             };
             let uniform = ctx.uniform("copy params", &params)?;
             let list = ctx.upload("copy pairs", chunk)?;
-            ctx.dispatch(
+            dispatches.push(ctx.prepare_dispatch(
+                "copy_blocks",
                 &pipeline,
-                &[&uniform, &list, &pool.buffers()[buffer]],
+                &[
+                    uniform.as_entire_binding(),
+                    list.as_entire_binding(),
+                    pool.buffers()[buffer].as_entire_binding(),
+                ],
                 [params.num_pairs, 1, 1],
-            )?;
+            )?);
+        }
+    }
+    for &(sb, so, db, doff) in &between {
+        encoder.copy_buffer_to_buffer(&pool.buffers()[sb], so, &pool.buffers()[db], doff, bytes);
+    }
+    if !dispatches.is_empty() {
+        let mut pass = ctx.begin_compute_pass(encoder, Some("copy blocks"));
+        for dispatch in &dispatches {
+            dispatch.encode(&mut pass);
         }
     }
     Ok(())

@@ -2,6 +2,7 @@
 //! telemetry, GPU block pools, in-place append, swap, snapshots, and the capacity model.
 pub mod allocator;
 pub mod append_kv;
+pub mod append_plan;
 pub mod capacity;
 pub mod copy_blocks;
 pub mod paged;

@@ -3,13 +3,17 @@
 //! Appends follow a plan/run split: [`PagedKvCache::append_tokens`] allocates the slots of one
 //! sequence's new tokens (atomically: on error nothing changes) and performs any copy-on-write
 //! on every layer; [`PagedKvCache::write_layer`] then writes a layer's new K/V rows of every
-//! sequence in the batch with one `append_kv` dispatch per pool buffer.
+//! sequence in the batch with one `append_kv` dispatch per pool buffer (one submission).
+//! [`AppendBatch::encode`] records the same into a caller's pass, and
+//! [`AppendPlan`](super::append_plan::AppendPlan) does it every step without creating anything.
 
 use super::allocator::{AllocatorConfig, BlockAllocator, BlockId, SeqId, SwappedSeq};
 use std::cell::OnceCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::append_kv::{append_rows, AppendRows, SourceDtype};
-use super::copy_blocks::copy_blocks;
+use super::append_kv::{append_rows, prepare_rows, AppendRows, SourceDtype};
+use super::append_plan::{check_io, AppendIo};
+use super::copy_blocks::encode_copy_blocks;
 use super::pool::{BlockPool, LayerPools, PoolLayout};
 use super::scales::CacheScales;
 use super::telemetry::Telemetry;
@@ -151,6 +155,44 @@ impl AppendBatch {
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
+
+    /// Records the batch's rows of layer `io.layer` into `pass` (the K dispatches, then the V
+    /// dispatches). The batch's GPU arrangement of the rows is made by its first encode and
+    /// reused for every layer; bind groups are made by every call (use
+    /// [`AppendPlan`](super::append_plan::AppendPlan) to record warm steps without creating
+    /// anything).
+    ///
+    /// # Errors
+    /// Everything is checked and every bind group made before anything is recorded: as
+    /// [`AppendPlan::encode`](super::append_plan::AppendPlan::encode) (the layer, the sources'
+    /// usage, alignment and size), and [`Error::InvalidArgument`] when a slot lies outside the
+    /// cache's pools.
+    pub fn encode(
+        &self,
+        ctx: &Context,
+        pass: &mut wgpu::ComputePass<'_>,
+        io: &AppendIo<'_>,
+    ) -> Result<()> {
+        let pools = check_io(ctx, io, self.len())?;
+        if self.is_empty() {
+            return Ok(());
+        }
+        // K and V pools share heads, block size and split, so one arrangement serves both and
+        // every layer.
+        let rows = match self.rows.get() {
+            Some(rows) => rows,
+            None => {
+                let rows = AppendRows::new(ctx, &pools.k, &self.slots)?;
+                self.rows.get_or_init(|| rows)
+            }
+        };
+        let mut dispatches = prepare_rows(ctx, &pools.k, io.k.clone(), io.src, rows)?;
+        dispatches.extend(prepare_rows(ctx, &pools.v, io.v.clone(), io.src, rows)?);
+        for dispatch in &dispatches {
+            dispatch.encode(pass);
+        }
+        Ok(())
+    }
 }
 
 /// A sequence's KV copied to host memory by [`PagedKvCache::swap_out`].
@@ -165,6 +207,8 @@ pub struct SwappedSequence {
 /// A paged KV cache on the GPU.
 #[derive(Debug)]
 pub struct PagedKvCache {
+    /// Unique per cache made in this process (plans check they are used with their cache).
+    id: u64,
     config: PagedKvConfig,
     alloc: BlockAllocator,
     layers: Vec<LayerPools>,
@@ -203,11 +247,18 @@ impl PagedKvCache {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             config,
             alloc,
             layers,
         })
+    }
+
+    /// This cache's identity (unique in the process).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// The configuration.
@@ -295,7 +346,8 @@ impl PagedKvCache {
     }
 
     /// Allocates slots for `tokens` new tokens of `seq` and adds them to `batch`; copy-on-write
-    /// copies run on every layer now. On error (e.g. [`Error::OutOfBlocks`]) nothing changes.
+    /// copies run on every layer now (one submission for all layers, none without copies). On
+    /// error (e.g. [`Error::OutOfBlocks`]) nothing changes.
     pub fn append_tokens(
         &mut self,
         ctx: &Context,
@@ -305,10 +357,12 @@ impl PagedKvCache {
     ) -> Result<()> {
         let plan = self.alloc.append(seq, tokens)?;
         if !plan.copies.is_empty() {
+            let mut encoder = ctx.encoder("copy-on-write");
             for layer in &self.layers {
-                copy_blocks(ctx, &layer.k, &plan.copies)?;
-                copy_blocks(ctx, &layer.v, &plan.copies)?;
+                encode_copy_blocks(ctx, &mut encoder, &layer.k, &plan.copies)?;
+                encode_copy_blocks(ctx, &mut encoder, &layer.v, &plan.copies)?;
             }
+            ctx.submit("copy-on-write", encoder)?;
         }
         batch.slots.extend_from_slice(&plan.slots);
         batch.rows = OnceCell::new();
@@ -316,7 +370,11 @@ impl PagedKvCache {
     }
 
     /// Writes one layer's new rows for `batch`: `k` is `[batch.len(), Hkv, head_dim_k]` and `v`
-    /// `[batch.len(), Hkv, head_dim_v]`, both in `src`.
+    /// `[batch.len(), Hkv, head_dim_v]`, both in `src`. One submission (none for an empty
+    /// batch): [`AppendBatch::encode`] into a pass of its own.
+    ///
+    /// # Errors
+    /// As [`AppendBatch::encode`]; nothing is submitted on error.
     pub fn write_layer(
         &self,
         ctx: &Context,
@@ -326,18 +384,19 @@ impl PagedKvCache {
         v: &wgpu::Buffer,
         src: SourceDtype,
     ) -> Result<()> {
-        let pools = self.layer(layer)?;
-        // K and V pools share heads, block size and split, so one arrangement serves both and
-        // every layer.
-        let rows = match batch.rows.get() {
-            Some(rows) => rows,
-            None => {
-                let rows = AppendRows::new(ctx, &pools.k, &batch.slots)?;
-                batch.rows.get_or_init(|| rows)
-            }
+        let io = AppendIo {
+            cache: self,
+            layer,
+            k: k.as_entire_buffer_binding(),
+            v: v.as_entire_buffer_binding(),
+            src,
         };
-        append_rows(ctx, &pools.k, k, src, rows)?;
-        append_rows(ctx, &pools.v, v, src, rows)
+        if batch.is_empty() {
+            check_io(ctx, &io, 0)?;
+            return Ok(());
+        }
+        ctx.run_pass("write_layer", |pass| batch.encode(ctx, pass, &io))?;
+        Ok(())
     }
 
     /// Appends `tokens` to `seq` with their K/V given on the host, per layer (`k[layer]` is

@@ -7,7 +7,7 @@
 //! storage binding limit is split over several buffers; block ids map to (buffer, offset).
 
 use super::allocator::BlockId;
-use crate::gpu::{Context, STORAGE};
+use crate::gpu::{Context, Readback, STORAGE};
 use crate::quant::{Fp8Scale, KvDtype, ScaleMode};
 use crate::{Error, Result};
 
@@ -239,7 +239,14 @@ impl BlockPool {
         Ok((b / self.blocks_per_buffer, b % self.blocks_per_buffer))
     }
 
-    /// Copies `blocks` to the host, in the given order: `blocks.len() * block_words` words.
+    /// Copies `blocks` to the host, in the given order: `blocks.len() * block_words` words. One
+    /// submission (the block copies gathered into a staging buffer, then copied into a
+    /// [`Readback`](crate::gpu::Readback)), then a wait on that submission only.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when a block lies outside the pool (nothing submitted);
+    /// [`Error::TooLarge`] when the blocks exceed the adapter's buffer size; creation,
+    /// submission and mapping errors.
     pub fn read_blocks(&self, ctx: &Context, blocks: &[BlockId]) -> Result<Vec<u32>> {
         let bytes = self.layout.block_bytes();
         let total = bytes * blocks.len() as u64;
@@ -250,24 +257,34 @@ impl BlockPool {
             .iter()
             .map(|&b| self.locate(b))
             .collect::<Result<Vec<_>>>()?;
-        let staging = ctx.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kvattn block readback"),
+        let limit = ctx.caps().max_buffer_size;
+        if total > limit {
+            return Err(Error::TooLarge {
+                what: format!("a readback of {} blocks", blocks.len()),
+                bytes: total,
+                limit,
+            });
+        }
+        let gathered = ctx.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kvattn block gather"),
             size: total,
             usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         })?;
+        let readback = Readback::new(ctx, "kvattn block readback", total)?;
         let mut encoder = ctx.encoder("read blocks");
         for (i, &(buf, local)) in located.iter().enumerate() {
             encoder.copy_buffer_to_buffer(
                 &self.buffers[buf],
                 local as u64 * bytes,
-                &staging,
+                &gathered,
                 i as u64 * bytes,
                 bytes,
             );
         }
-        ctx.submit("read blocks", encoder)?;
-        ctx.read_back(&staging, (total / 4) as usize)
+        readback.encode_copy(&mut encoder, &gathered, 0, total)?;
+        let index = ctx.submit("read blocks", encoder)?;
+        readback.read(ctx, index, (total / 4) as usize)
     }
 
     /// Writes `words` (`blocks.len() * block_words`, in the given order) into `blocks`.

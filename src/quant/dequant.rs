@@ -76,10 +76,34 @@ fn grid(ctx: &Context, invocations: u64) -> Result<(u32, u32)> {
 }
 
 /// Decodes every row of `rows` on the GPU and reads the f32 values back (`[rows, head_dim]`).
+/// One submission for the decoding ([`encode_dequantize`]), then the readback.
 pub fn dequantize(ctx: &Context, rows: &EncodedRows) -> Result<Vec<f32>> {
+    rows.validate()?;
+    let len = rows.num_rows() * rows.head_dim;
+    let out = ctx.filled("dequant out", len, crate::gpu::UNWRITTEN)?;
+    ctx.run_pass("dequantize", |pass| {
+        encode_dequantize(ctx, pass, rows, &out)
+    })?;
+    ctx.read_back(&out, len)
+}
+
+/// Records the decoding of every row of `rows` into `out` (`[rows, head_dim]` f32 from the
+/// start of the buffer) into `pass`. Uploads the rows (buffers made by this call); everything
+/// is checked and bound before anything is recorded.
+///
+/// # Errors
+/// [`EncodedRows::validate`]'s errors; [`Error::InvalidArgument`] when `out` lacks `STORAGE`
+/// usage; [`Error::ShapeMismatch`] when it holds fewer values than the rows; creation errors.
+pub fn encode_dequantize(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    rows: &EncodedRows,
+    out: &wgpu::Buffer,
+) -> Result<()> {
     rows.validate()?;
     let n = rows.num_rows();
     let len = n * rows.head_dim;
+    crate::gpu::check_storage("dequantize out", out, len)?;
     let (gx, gy) = grid(ctx, (len / 4) as u64)?;
     let params = DequantParams {
         num_rows: n as u32,
@@ -94,14 +118,14 @@ pub fn dequantize(ctx: &Context, rows: &EncodedRows) -> Result<Vec<f32>> {
     let uniform = ctx.uniform("dequant params", &params)?;
     let pool = ctx.upload("dequant pool", &rows.interleaved_words())?;
     let scales = ctx.upload("dequant scales", &rows.scale_pool_words())?;
-    let out = ctx.filled("dequant out", len, crate::gpu::UNWRITTEN)?;
     let no_rows = ctx.upload("dequant no rows", &[0u32])?;
-    ctx.dispatch(
-        &pipeline,
-        &[&uniform, &pool, &scales, &out, &no_rows],
-        [gx, gy, 1],
-    )?;
-    ctx.read_back(&out, len)
+    let resources: Vec<wgpu::BindingResource> = [&uniform, &pool, &scales, out, &no_rows]
+        .iter()
+        .map(|b| b.as_entire_binding())
+        .collect();
+    ctx.prepare_dispatch("dequantize", &pipeline, &resources, [gx, gy, 1])?
+        .encode(pass);
+    Ok(())
 }
 
 fn check_storage(what: &str, buffer: &wgpu::Buffer, ctx: &Context) -> Result<()> {
@@ -127,17 +151,37 @@ fn check_storage(what: &str, buffer: &wgpu::Buffer, ctx: &Context) -> Result<()>
 /// `block * block_rows + head * block_size + slot` of the blocks in this buffer) into rows
 /// `pairs[i].0` of `out` (`[*, layout.head_dim]` f32), exactly as the CPU codec decodes them.
 /// The per-tensor FP8 scale is `layout.scale`'s. Rows of `out` not listed are not touched. One
-/// submission (several dispatches when the pairs exceed one storage binding or the grid).
+/// submission ([`encode_dequantize_gather`] into a pass of its own; several dispatches when the
+/// pairs exceed one storage binding or the grid).
 ///
 /// # Errors
-/// Everything is checked before anything is dispatched: the layout
+/// As [`encode_dequantize_gather`]; nothing is submitted on error.
+pub fn dequantize_gather(
+    ctx: &Context,
+    pool: &wgpu::Buffer,
+    layout: &PoolLayout,
+    pairs: &[(u32, u32)],
+    out: &wgpu::Buffer,
+) -> Result<()> {
+    ctx.run_pass("dequantize_gather", |pass| {
+        encode_dequantize_gather(ctx, pass, pool, layout, pairs, out)
+    })?;
+    Ok(())
+}
+
+/// Records [`dequantize_gather`] into `pass`. Uploads the pair lists and parameters (buffers
+/// made by this call).
+///
+/// # Errors
+/// Everything is checked and every bind group made before anything is recorded: the layout
 /// ([`PoolLayout::validate`]); [`Error::InvalidArgument`] when `pairs` is empty, lists an out
 /// row twice, or names a pool row whose block does not lie inside `pool`, or when a buffer lacks
 /// `STORAGE` usage; [`Error::ShapeMismatch`] when `out` is smaller than its largest row;
 /// [`Error::TooLarge`] when a buffer exceeds the device's storage binding limit;
 /// [`Error::Gpu`] or [`Error::Shader`] from wgpu.
-pub fn dequantize_gather(
+pub fn encode_dequantize_gather(
     ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
     pool: &wgpu::Buffer,
     layout: &PoolLayout,
     pairs: &[(u32, u32)],
@@ -234,5 +278,5 @@ pub fn dequantize_gather(
             (resources, *grid)
         })
         .collect();
-    crate::gpu::dispatch::submit_dispatches(ctx, "dequantize_gather", &pipeline, dispatches)
+    crate::gpu::dispatch::encode_dispatches(ctx, pass, "dequantize_gather", &pipeline, dispatches)
 }

@@ -9,7 +9,9 @@
 
 use kvattn::gpu::{Context, STORAGE};
 use kvattn::reference;
-use kvattn::rope::{error_bound, rope, rope_host, RopeConfig, RopeStyle};
+use kvattn::rope::{
+    encode_rope, error_bound, rope, rope_host, Rope, RopeArgs, RopeConfig, RopeStyle, RopeTables,
+};
 use kvattn::Error;
 use wgpu::util::DeviceExt;
 
@@ -324,4 +326,215 @@ fn invalid_input_is_refused_and_writes_nothing() {
         rope_host(ctx, &ok, &x[1..], &positions),
         Err(Error::ShapeMismatch { .. })
     ));
+}
+
+/// A context of the test's own (its counters see only its work), storage bindings capped at
+/// 64 KiB so that 1,000 tokens of 5 x 80 run in chunks.
+fn own_capped_ctx() -> Context {
+    Context::with_options(&kvattn::gpu::ContextOptions {
+        max_storage_binding_cap: Some(64 << 10),
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"))
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn prepared_rope_reads_positions_from_a_gpu_buffer() {
+    let ctx = own_capped_ctx();
+    let mut rng = Rng::new(41);
+    let align = (ctx.device.limits().min_storage_buffer_offset_alignment as usize / 4).max(1);
+    let cases = [
+        (
+            RopeConfig {
+                rotary_dim: 32,
+                ..RopeConfig::new(RopeStyle::NeoX, 500_000.0, 80, 5)
+            },
+            1000usize,
+        ),
+        (RopeConfig::new(RopeStyle::GptJ, 10_000.0, 64, 4), 7),
+    ];
+    for (cfg, tokens) in cases {
+        let n = tokens * cfg.num_heads * cfg.head_dim;
+        let x = rng.normals(n, 2.0);
+        let p1: Vec<u32> = (0..tokens as u32).map(|t| 3 * t + 17).collect();
+        let p2: Vec<u32> = (0..tokens as u32).map(|t| 40_000 - 5 * t).collect();
+        // x and out at an aligned offset inside larger buffers.
+        let padded: Vec<f32> = [vec![7.0; align], x.clone()].concat();
+        let input = buffer(&ctx, &padded, STORAGE);
+        let total = align + n + 16;
+        let out = buffer(&ctx, &vec![kvattn::gpu::UNWRITTEN; total], STORAGE);
+        let positions = ctx.upload("positions", &p1).unwrap();
+        let tables = RopeTables::new(&ctx, &cfg).unwrap();
+        let args = RopeArgs {
+            tables: &tables,
+            x: wgpu::BufferBinding {
+                buffer: &input,
+                offset: (align * 4) as u64,
+                size: None,
+            },
+            positions: &positions,
+            tokens,
+            out: wgpu::BufferBinding {
+                buffer: &out,
+                offset: (align * 4) as u64,
+                size: std::num::NonZeroU64::new((n * 4) as u64),
+            },
+        };
+        let prepared = Rope::prepare(&ctx, &args).unwrap();
+        if tokens == 1000 {
+            assert!(prepared.dispatches().len() > 1, "the capped context chunks");
+        }
+        // The rotation and the copy to a reusable staging buffer: one submission.
+        let readback =
+            kvattn::gpu::Readback::new(&ctx, "rope readback", (total * 4) as u64).unwrap();
+        let run = || {
+            let mut encoder = ctx.encoder("prepared rope");
+            {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                prepared.encode(&mut pass);
+            }
+            readback
+                .encode_copy(&mut encoder, &out, 0, (total * 4) as u64)
+                .unwrap();
+            let index = ctx.submit("prepared rope", encoder).unwrap();
+            readback.read::<f32>(&ctx, index, total).unwrap()
+        };
+        let got = run();
+        let sentinel = |v: &[f32]| v.iter().all(|&x| kvattn::gpu::is_unwritten(x));
+        assert!(
+            sentinel(&got[..align]) && sentinel(&got[align + n..]),
+            "wrote outside"
+        );
+        let want = rope_host(&ctx, &cfg, &x, &p1).unwrap();
+        assert_eq!(
+            bits(&got[align..align + n]),
+            bits(&want),
+            "prepared vs rope()"
+        );
+        check("prepared", &cfg, &x, &p1, &got[align..align + n]);
+        // New positions in the same buffer: the same prepared rotation, nothing created.
+        let before = ctx.counters();
+        ctx.write_buffer(&positions, 0, bytemuck::cast_slice(&p2))
+            .unwrap();
+        let again = run();
+        let spent = ctx.counters().since(&before);
+        assert_eq!(
+            (
+                spent.buffers_created,
+                spent.bind_groups_created,
+                spent.submissions
+            ),
+            (0, 0, 1),
+            "one submission for the rotation and its readback, nothing created"
+        );
+        let want2 = rope_host(&ctx, &cfg, &x, &p2).unwrap();
+        assert_eq!(
+            bits(&again[align..align + n]),
+            bits(&want2),
+            "new positions"
+        );
+        assert_ne!(
+            bits(&again[align..align + n]),
+            bits(&want),
+            "positions changed"
+        );
+        // encode_rope: the same, into a caller's pass.
+        let out2 = buffer(&ctx, &vec![kvattn::gpu::UNWRITTEN; n], STORAGE);
+        ctx.run_pass("encode_rope", |pass| {
+            encode_rope(
+                &ctx,
+                pass,
+                &RopeArgs {
+                    out: out2.as_entire_buffer_binding(),
+                    ..args.clone()
+                },
+            )
+        })
+        .unwrap();
+        let got3: Vec<f32> = ctx.read_back(&out2, n).unwrap();
+        assert_eq!(bits(&got3), bits(&want2), "encode_rope");
+    }
+}
+
+#[test]
+fn prepared_rope_refuses_bad_bindings_before_recording() {
+    let ctx = own_capped_ctx();
+    let cfg = RopeConfig::new(RopeStyle::NeoX, 10_000.0, 64, 2);
+    let tokens = 5;
+    let n = tokens * 2 * 64;
+    let input = buffer(&ctx, &vec![1.0; n + 64], STORAGE);
+    let out = buffer(&ctx, &vec![kvattn::gpu::UNWRITTEN; n], STORAGE);
+    let positions = ctx.upload("positions", &[0u32, 1, 2, 3, 4]).unwrap();
+    // Four positions (16 bytes, the smallest buffer `upload` makes) for five tokens.
+    let short = ctx.upload("positions", &[0u32, 1, 2, 3]).unwrap();
+    let no_storage = buffer(&ctx, &vec![0.0; n], wgpu::BufferUsages::COPY_SRC);
+    let tables = RopeTables::new(&ctx, &cfg).unwrap();
+    let good = RopeArgs {
+        tables: &tables,
+        x: input.as_entire_buffer_binding(),
+        positions: &positions,
+        tokens,
+        out: out.as_entire_buffer_binding(),
+    };
+    let before = ctx.counters();
+    let cases: Vec<(&str, RopeArgs, fn(&Error) -> bool)> = vec![
+        (
+            "misaligned x",
+            RopeArgs {
+                x: wgpu::BufferBinding {
+                    buffer: &input,
+                    offset: 4,
+                    size: None,
+                },
+                ..good.clone()
+            },
+            |e| matches!(e, Error::InvalidArgument(_)),
+        ),
+        (
+            "short positions",
+            RopeArgs {
+                positions: &short,
+                ..good.clone()
+            },
+            |e| matches!(e, Error::ShapeMismatch { .. }),
+        ),
+        (
+            "too many tokens for out",
+            RopeArgs {
+                tokens: 6,
+                positions: &input,
+                ..good.clone()
+            },
+            |e| matches!(e, Error::ShapeMismatch { .. }),
+        ),
+        (
+            "x is out",
+            RopeArgs {
+                x: out.as_entire_buffer_binding(),
+                ..good.clone()
+            },
+            |e| matches!(e, Error::InvalidArgument(_)),
+        ),
+        (
+            "out without STORAGE",
+            RopeArgs {
+                out: no_storage.as_entire_buffer_binding(),
+                ..good.clone()
+            },
+            |e| matches!(e, Error::InvalidArgument(_)),
+        ),
+    ];
+    for (what, args, want) in cases {
+        let e = ctx
+            .run_pass("t", |pass| encode_rope(&ctx, pass, &args))
+            .expect_err(what);
+        assert!(want(&e), "{what}: {e:?}");
+    }
+    assert_eq!(ctx.counters().since(&before).submissions, 0);
+    let got: Vec<f32> = ctx.read_back(&out, n).unwrap();
+    assert!(got.iter().all(|&v| kvattn::gpu::is_unwritten(v)), "written");
 }
