@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod append_plan;
 mod append_quant;
 mod bench_cases;
 mod context;
