@@ -582,3 +582,185 @@ fn buffer_of_another_device_is_refused_before_submitting() {
     assert!(!out.iter().any(|&x| is_unwritten(x)));
     ctx.check_errors().unwrap();
 }
+
+/// The workspace `with_capacity` sizes holds every batch within the capacity: random batches
+/// (prefill and decode, windows, tiny splits, pools over several buffers) all update.
+#[test]
+fn worst_case_workspace_holds_every_batch_within_capacity() {
+    let ctx = crate::common::gpu_capped();
+    let mut s = Setup::new(ctx, KvDtype::F32, 64, 120, 7);
+    let mut rng = Rng::new(8);
+    let capacity = PlanCapacity {
+        max_seqs: 4,
+        max_q_tokens: 12,
+        max_blocks_per_seq: 28,
+    };
+    for seq in 0..6u64 {
+        let n = 1 + (rng.next_u64() % 100) as usize;
+        s.grow(ctx, seq, n);
+    }
+    let pools = s.cache.layer(0).unwrap().k.buffers().len();
+    assert!(pools > 1, "the capped cache has {pools} pool buffer");
+    for (window, split) in [(None, 3), (Some(5), 1), (None, 1000), (Some(50), 7)] {
+        let opts = AttentionOptions {
+            sliding_window: window,
+            ..AttentionOptions::default()
+        };
+        let spec = PlanSpec {
+            split_tokens: split,
+            ..s.spec(&opts)
+        };
+        let mut plan = PagedAttentionPlan::with_capacity(ctx, &s.cache, &spec, capacity).unwrap();
+        let mut updated = 0;
+        for _ in 0..60 {
+            let seqs = 1 + (rng.next_u64() % 4) as usize;
+            let mut budget = capacity.max_q_tokens;
+            let mut batch = Vec::new();
+            for i in 0..seqs {
+                let seq = rng.next_u64() % 6;
+                if batch.iter().any(|q: &PagedQuery| q.seq == seq) {
+                    continue;
+                }
+                let len_k = s.cache.allocator().len(seq).unwrap();
+                let most = len_k.min(budget - (seqs - i - 1).min(budget - 1));
+                let len_q = 1 + (rng.next_u64() as usize % most.max(1));
+                budget -= len_q;
+                batch.push(PagedQuery { seq, len_q });
+                if budget == 0 {
+                    break;
+                }
+            }
+            plan.update(ctx, &s.cache, &batch)
+                .unwrap_or_else(|e| panic!("{batch:?} (window {window:?}, split {split}): {e}"));
+            updated += 1;
+        }
+        assert_eq!(updated, 60);
+    }
+}
+
+/// `encode_merge_states` and `encode_decode` record into a caller's pass (several ops, one
+/// submission) and give the bits of `merge_states` and `decode`.
+#[test]
+fn merge_states_and_decode_encode_into_one_pass() {
+    use kvattn::attention::decode::{decode, encode_decode, DecodeArgs};
+    use kvattn::attention::merge_states::{encode_merge_states, merge_states, AttentionState};
+
+    let ctx = own_context(None);
+    let mut rng = Rng::new(9);
+    let (rows, d) = (12, 32);
+    let up = |n: usize, rng: &mut Rng| ctx.upload("state", &rng.normals(n, 1.0)).unwrap();
+    let (ao, al, bo, bl) = (
+        up(rows * d, &mut rng),
+        up(rows, &mut rng),
+        up(rows * d, &mut rng),
+        up(rows, &mut rng),
+    );
+    let a = AttentionState { o: &ao, lse: &al };
+    let b = AttentionState { o: &bo, lse: &bl };
+    let outs = |n: usize| {
+        (
+            ctx.filled("o", n * d, UNWRITTEN).unwrap(),
+            ctx.filled("l", n, UNWRITTEN).unwrap(),
+        )
+    };
+    let (want_o, want_l) = outs(rows);
+    merge_states(
+        &ctx,
+        rows,
+        d,
+        a,
+        b,
+        AttentionState {
+            o: &want_o,
+            lse: &want_l,
+        },
+    )
+    .unwrap();
+
+    // Decode: 3 sequences over contiguous f32 K/V.
+    let shape = AttentionShape {
+        num_q_heads: 4,
+        num_kv_heads: 2,
+        head_dim_qk: d,
+        head_dim_v: d,
+    };
+    let cu = [0u32, 5, 17, 40];
+    let q = up(3 * 4 * d, &mut rng);
+    let k = up(40 * 2 * d, &mut rng);
+    let v = up(40 * 2 * d, &mut rng);
+    let opts = AttentionOptions::default();
+    let (dec_want_o, dec_want_l) = outs(3 * 4);
+    let base = DecodeArgs {
+        shape,
+        options: &opts,
+        precision: Precision::F32,
+        q: &q,
+        k: &k,
+        v: &v,
+        k_dtype: KvDtype::F32,
+        v_dtype: KvDtype::F32,
+        cu_seqlens_k: &cu,
+        out: &dec_want_o,
+        lse: &dec_want_l,
+    };
+    decode(&ctx, &base).unwrap();
+
+    let (got_o, got_l) = outs(rows);
+    let (dec_o, dec_l) = outs(3 * 4);
+    let before = ctx.counters();
+    ctx.run_pass("both", |pass| {
+        encode_merge_states(
+            &ctx,
+            pass,
+            rows,
+            d,
+            a,
+            b,
+            AttentionState {
+                o: &got_o,
+                lse: &got_l,
+            },
+        )?;
+        encode_decode(
+            &ctx,
+            pass,
+            &DecodeArgs {
+                out: &dec_o,
+                lse: &dec_l,
+                ..base
+            },
+        )
+    })
+    .unwrap();
+    assert_eq!(ctx.counters().since(&before).submissions, 1);
+    assert_eq!(
+        read_bits(&ctx, &got_o, rows * d, &got_l, rows),
+        read_bits(&ctx, &want_o, rows * d, &want_l, rows),
+        "merge_states"
+    );
+    assert_eq!(
+        read_bits(&ctx, &dec_o, 12 * d, &dec_l, 12),
+        read_bits(&ctx, &dec_want_o, 12 * d, &dec_want_l, 12),
+        "decode"
+    );
+    // out sharing a buffer with an input is refused before recording.
+    let before = ctx.counters();
+    let err = ctx
+        .run_pass("aliased", |pass| {
+            encode_merge_states(
+                &ctx,
+                pass,
+                rows,
+                d,
+                a,
+                b,
+                AttentionState {
+                    o: &ao,
+                    lse: &got_l,
+                },
+            )
+        })
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    assert_eq!(ctx.counters().since(&before).submissions, 0);
+}
