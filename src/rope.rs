@@ -146,7 +146,7 @@ impl RopeTables {
         cfg.validate()?;
         let turns: Vec<u32> = turn_table(cfg).into_iter().flatten().collect();
         Ok(Self {
-            cfg: cfg.clone(),
+            cfg: *cfg,
             turns: ctx.upload("rope turns", &turns)?,
         })
     }

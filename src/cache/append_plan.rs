@@ -97,7 +97,7 @@ pub(crate) fn check_storage_binding(
             got: usize::try_from(size).unwrap_or(usize::MAX),
         });
     }
-    let limit = u64::from(ctx.device.limits().max_storage_buffer_binding_size);
+    let limit = ctx.device.limits().max_storage_buffer_binding_size;
     if size > limit {
         return Err(Error::TooLarge {
             what: what.to_string(),
@@ -258,7 +258,7 @@ impl AppendPlan {
         }
         let list_bytes = (max_rows as u64)
             .checked_mul(8)
-            .filter(|&b| b <= u64::from(ctx.device.limits().max_storage_buffer_binding_size))
+            .filter(|&b| b <= ctx.device.limits().max_storage_buffer_binding_size)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "an append plan of {max_rows} rows: its row list exceeds one storage binding"

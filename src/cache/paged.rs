@@ -256,8 +256,9 @@ impl PagedKvCache {
         })
     }
 
-    /// This cache's identity (unique in the process).
-    pub(crate) fn id(&self) -> u64 {
+    /// This cache's identity, unique among the caches made in this process (plans made for a
+    /// cache check it).
+    pub fn id(&self) -> u64 {
         self.id
     }
 

@@ -193,8 +193,7 @@ fn append_plan_matches_write_layer_and_a_warm_step_creates_nothing() {
                     row += n;
                 }
             }
-            for layer in 0..cfg.layers {
-                let (kb, vb) = &src[layer];
+            for (layer, (kb, vb)) in src.iter().enumerate() {
                 by_layer
                     .write_layer(&ctx, layer, &by_layer_batch, kb, vb, dtype)
                     .unwrap();
@@ -248,11 +247,10 @@ fn append_plan_matches_write_layer_and_a_warm_step_creates_nothing() {
             "{name}: the plan's pools differ from write_layer's"
         );
         for (s, &seq) in seqs.iter().enumerate() {
-            for layer in 0..cfg.layers {
+            for (layer, (mk, mv)) in model[s].iter().enumerate() {
                 let (k, v) = by_plan.read_rows(&ctx, seq, layer).unwrap();
                 let want =
                     |dtype, d, mode: ScaleMode, x: &[f32]| encode_rows(dtype, d, x, mode).unwrap();
-                let (mk, mv) = &model[s][layer];
                 assert_eq!(
                     k,
                     want(cfg.k_dtype, cfg.head_dim_k, cfg.k_scales.mode(layer), mk),
@@ -323,7 +321,8 @@ fn append_plan_refuses_bad_input_with_typed_errors_before_recording() {
             mapped_at_creation: false,
         })
         .unwrap();
-    let bad: Vec<(&str, wgpu::BufferBinding, fn(&Error) -> bool)> = vec![
+    type Case<'a> = (&'a str, wgpu::BufferBinding<'a>, fn(&Error) -> bool);
+    let bad: Vec<Case> = vec![
         (
             "misaligned offset",
             wgpu::BufferBinding {

@@ -481,7 +481,8 @@ fn prepared_rope_refuses_bad_bindings_before_recording() {
         out: out.as_entire_buffer_binding(),
     };
     let before = ctx.counters();
-    let cases: Vec<(&str, RopeArgs, fn(&Error) -> bool)> = vec![
+    type Case<'a> = (&'a str, RopeArgs<'a>, fn(&Error) -> bool);
+    let cases: Vec<Case> = vec![
         (
             "misaligned x",
             RopeArgs {
