@@ -4,7 +4,9 @@
 use kvattn::cache::paged::{PagedKvCache, PagedKvConfig, PoolSize};
 use kvattn::cache::pool::BlockPool;
 use kvattn::cache::scales::CacheScales;
-use kvattn::quant::dequant::{dequantize, dequantize_gather};
+use kvattn::quant::dequant::{
+    dequantize, dequantize_gather, encode_dequantize, encode_dequantize_gather,
+};
 use kvattn::quant::{decode_rows, encode_rows, EncodedRows, KvDtype, ScaleMode};
 use kvattn::Error;
 
@@ -231,4 +233,109 @@ fn gather_refuses_bad_input() {
     assert!(got.iter().all(|&x| x == SENTINEL), "an error wrote to out");
     // The last row of the pool and of out are in range.
     dequantize_gather(ctx, buffer, layout, &[(7, rows - 1)], &out).unwrap();
+}
+
+/// The encode forms record into one caller's pass: gathers from every pool buffer and a
+/// dequantize of host rows, one submission, the wrappers' bits. A bad gather among good ones is
+/// refused before anything is recorded: nothing submitted, the output untouched.
+#[test]
+fn encode_forms_record_into_one_pass_with_the_wrappers_bits() {
+    let ctx = kvattn::gpu::Context::with_options(&kvattn::gpu::ContextOptions {
+        max_storage_binding_cap: Some(64 << 10),
+        ..Default::default()
+    })
+    .unwrap();
+    let ctx = &ctx;
+    let mut rng = Rng::new(23);
+    let (len, head_dim) = (40usize, 512usize);
+    let cfg = PagedKvConfig {
+        block_size: 4,
+        prefix_caching: false,
+        ..PagedKvConfig::new(1, 1, head_dim, KvDtype::Int8)
+    };
+    let mut cache = PagedKvCache::new(ctx, cfg, PoolSize::Blocks(96)).unwrap();
+    cache.shuffle_free_blocks(3);
+    cache.add_sequence(0, &[]).unwrap();
+    let k = rng.normals(len * head_dim, 2.0);
+    let v = rng.normals(len * head_dim, 1.0);
+    let tokens: Vec<u32> = (0..len as u32).collect();
+    cache.append_host(ctx, 0, &tokens, &[k], &[v]).unwrap();
+    let (k_rows, _) = cache.read_rows(ctx, 0, 0).unwrap();
+    let table = cache.block_table(0).unwrap().to_vec();
+    let pool = &cache.layer(0).unwrap().k;
+    assert!(pool.buffers().len() > 1, "the pool splits");
+    let order: Vec<usize> = (0..len).rev().collect();
+    let per_buffer = gather_pairs(pool, &table, &order, 1);
+    let n = (len + 1) * head_dim;
+    let sentinel = f32::from_bits(SENTINEL);
+    let (by_wrapper, by_encode) = (
+        ctx.filled("wrapper out", n, sentinel).unwrap(),
+        ctx.filled("encode out", n, sentinel).unwrap(),
+    );
+    for (b, pairs) in per_buffer.iter().enumerate() {
+        if !pairs.is_empty() {
+            dequantize_gather(ctx, &pool.buffers()[b], pool.layout(), pairs, &by_wrapper).unwrap();
+        }
+    }
+    let host = dequantize(ctx, &k_rows).unwrap();
+    let dense = ctx.filled("dense out", len * head_dim, sentinel).unwrap();
+    let before = ctx.counters();
+    ctx.run_pass("gathers", |pass| {
+        for (b, pairs) in per_buffer.iter().enumerate() {
+            if !pairs.is_empty() {
+                encode_dequantize_gather(
+                    ctx,
+                    pass,
+                    &pool.buffers()[b],
+                    pool.layout(),
+                    pairs,
+                    &by_encode,
+                )?;
+            }
+        }
+        encode_dequantize(ctx, pass, &k_rows, &dense)
+    })
+    .unwrap();
+    assert_eq!(ctx.counters().since(&before).submissions, 1);
+    let got: Vec<f32> = ctx.read_back(&by_encode, n).unwrap();
+    let want: Vec<f32> = ctx.read_back(&by_wrapper, n).unwrap();
+    assert_bit_exact("encoded gathers", &got, &want);
+    assert_eq!(got[0].to_bits(), SENTINEL, "row 0 is not listed");
+    let dense: Vec<f32> = ctx.read_back(&dense, len * head_dim).unwrap();
+    assert_bit_exact("encoded dequantize", &dense, &host);
+
+    // A good gather, then one listing an out row twice: refused, nothing submitted.
+    let fresh = ctx.filled("fresh out", n, sentinel).unwrap();
+    let before = ctx.counters();
+    let e = ctx
+        .run_pass("bad gathers", |pass| {
+            let (b, pairs) = per_buffer
+                .iter()
+                .enumerate()
+                .find(|(_, p)| !p.is_empty())
+                .unwrap();
+            let buffer = &pool.buffers()[b];
+            encode_dequantize_gather(ctx, pass, buffer, pool.layout(), pairs, &fresh)?;
+            encode_dequantize_gather(ctx, pass, buffer, pool.layout(), &[(0, 0), (0, 1)], &fresh)
+        })
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert_eq!(ctx.counters().since(&before).submissions, 0);
+    let got: Vec<f32> = ctx.read_back(&fresh, n).unwrap();
+    assert!(got.iter().all(|x| x.to_bits() == SENTINEL), "written");
+    // An output without STORAGE usage is refused by encode_dequantize.
+    let staging = ctx
+        .create_buffer(&wgpu::BufferDescriptor {
+            label: Some("no storage"),
+            size: (len * head_dim * 4) as u64,
+            usage: wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+        .unwrap();
+    let e = ctx
+        .run_pass("bad dequantize", |pass| {
+            encode_dequantize(ctx, pass, &k_rows, &staging)
+        })
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
 }
