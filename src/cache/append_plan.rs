@@ -427,7 +427,7 @@ impl AppendPlan {
         Ok(())
     }
 
-    /// The bind groups of `pool` (tensor `t`) for every parameter slot.
+    /// The bind groups writing `pool` from `src`, one per parameter slot.
     fn groups(
         &self,
         ctx: &Context,
