@@ -1,12 +1,18 @@
-//! WGSL sources, composed by concatenation from `shaders/lib/` pieces and one kernel file, and
-//! the list of every variant the crate can build (the naga tests walk it).
+//! WGSL sources, composed by concatenation from `shaders/lib/` pieces and one kernel file.
+//!
+//! This module knows kernels by name and source only: it imports no kernel module. Each kernel
+//! module declares its own parameter structs and override constants, and
+//! [`kernels`](crate::kernels) assembles the list of every variant above them (the naga tests
+//! walk it).
 //!
 //! There is no preprocessor: a variant is a precision prelude (type aliases, and `enable f16;`
 //! for the f16 path), the library pieces the kernel needs, then the kernel itself. Everything
 //! else is specialized with WGSL `override` constants when the pipeline is created.
 
+// The one kernel type this module still names: the lanes kernel's written-out shape (its
+// `body()` is the composed source). It lives in `attention::paged_lanes`, which imports nothing
+// of this module; moving it here would untangle the last edge (see `kernels`).
 use crate::attention::paged_lanes::LanesShape;
-use crate::gpu::WgslStruct;
 
 /// Precision prelude of the portable variants.
 const PRELUDE_F32: &str = include_str!("../shaders/lib/precision_f32.wgsl");
@@ -84,13 +90,6 @@ pub enum Kernel {
     Bandwidth,
     /// Independent FMA chains measuring the arithmetic rate (`shaders/fma_rate.wgsl`).
     FmaRate,
-}
-
-/// A host struct's layout as the layout test sees it: WGSL name, field offsets, size.
-pub type StructLayout = (&'static str, Vec<(&'static str, usize)>, usize);
-
-fn layout_of<T: WgslStruct>() -> StructLayout {
-    (T::WGSL_NAME, T::field_offsets(), std::mem::size_of::<T>())
 }
 
 impl Kernel {
@@ -200,64 +199,6 @@ impl Kernel {
             | Kernel::Bandwidth => &[Precision::F32],
         }
     }
-
-    /// The host mirrors of the kernel's WGSL structs (checked against naga's layout).
-    pub fn param_structs(self) -> Vec<StructLayout> {
-        match self {
-            Kernel::Paged | Kernel::PagedLanes => vec![
-                layout_of::<crate::attention::paged::PagedParams>(),
-                layout_of::<crate::cache::pool::TensorScale>(),
-            ],
-            Kernel::Merge => vec![layout_of::<crate::attention::merge::MergeParams>()],
-            Kernel::MergeStates => {
-                vec![layout_of::<crate::attention::merge_states::MergeStatesParams>()]
-            }
-            Kernel::Dequant => vec![layout_of::<crate::quant::dequant::DequantParams>()],
-            Kernel::AppendKv => vec![
-                layout_of::<crate::cache::append_kv::AppendParams>(),
-                layout_of::<crate::cache::pool::TensorScale>(),
-            ],
-            Kernel::CopyBlocks => vec![layout_of::<crate::cache::copy_blocks::CopyParams>()],
-            Kernel::Rope => vec![layout_of::<crate::rope::RopeParams>()],
-            Kernel::HeadMatmul => {
-                vec![layout_of::<crate::mla::head_matmul::HeadMatmulParams>()]
-            }
-            Kernel::StridedCopy => {
-                vec![layout_of::<crate::mla::strided_copy::StridedCopyParams>()]
-            }
-            Kernel::RmsNorm => {
-                vec![layout_of::<crate::decoder::ops::rms_norm::RmsNormParams>()]
-            }
-            Kernel::Swiglu => vec![layout_of::<crate::decoder::ops::swiglu::SwigluParams>()],
-            Kernel::Add => vec![layout_of::<crate::decoder::ops::add::AddParams>()],
-            Kernel::Embed => vec![layout_of::<crate::decoder::ops::embed::EmbedParams>()],
-            Kernel::Bandwidth => vec![layout_of::<crate::bench::bandwidth::BandwidthParams>()],
-            Kernel::FmaRate => vec![layout_of::<crate::bench::fma_rate::FmaParams>()],
-        }
-    }
-
-    /// Override-constant sets the host really uses, from the smallest to the largest shapes
-    /// (largest workgroup memory), so validation sees the extremes.
-    pub fn representative_constants(self, precision: Precision) -> Vec<Vec<(&'static str, f64)>> {
-        match self {
-            Kernel::Paged => crate::attention::paged::representative_constants(precision),
-            Kernel::PagedLanes => Vec::new(),
-            Kernel::Merge => crate::attention::merge::representative_constants(),
-            Kernel::MergeStates => crate::attention::merge_states::representative_constants(),
-            Kernel::Dequant => crate::quant::dequant::representative_constants(),
-            Kernel::AppendKv => crate::cache::append_kv::representative_constants(),
-            Kernel::CopyBlocks => crate::cache::copy_blocks::representative_constants(),
-            Kernel::Rope => crate::rope::representative_constants(),
-            Kernel::HeadMatmul => crate::mla::head_matmul::representative_constants(),
-            Kernel::StridedCopy => crate::mla::strided_copy::representative_constants(),
-            Kernel::RmsNorm => crate::decoder::ops::rms_norm::representative_constants(),
-            Kernel::Swiglu => crate::decoder::ops::swiglu::representative_constants(),
-            Kernel::Add => crate::decoder::ops::add::representative_constants(),
-            Kernel::Embed => crate::decoder::ops::embed::representative_constants(),
-            Kernel::Bandwidth => crate::bench::bandwidth::representative_constants(),
-            Kernel::FmaRate => crate::bench::fma_rate::representative_constants(),
-        }
-    }
 }
 
 /// One composable shader: a kernel in a precision, with portable or subgroup reductions.
@@ -290,17 +231,6 @@ impl ShaderVariant {
         Self {
             lanes: Some(shape),
             ..Self::new(Kernel::PagedLanes, precision)
-        }
-    }
-
-    /// Override-constant sets the naga tests specialize this variant with: the kernel's, or
-    /// for a written-out lanes kernel the one set of its shape.
-    pub fn representative_constants(&self) -> Vec<Vec<(&'static str, f64)>> {
-        match self.lanes {
-            Some(shape) => crate::attention::paged::lanes_constants_for(shape, self.precision)
-                .into_iter()
-                .collect(),
-            None => self.kernel.representative_constants(self.precision),
         }
     }
 
@@ -358,36 +288,4 @@ impl ShaderVariant {
         }
         features
     }
-}
-
-/// Every shader variant the crate can compose.
-pub fn all_variants() -> Vec<ShaderVariant> {
-    Kernel::ALL
-        .iter()
-        .flat_map(|&kernel| {
-            kernel.precisions().iter().flat_map(move |&precision| {
-                let sg: &[bool] = if kernel.has_subgroup_variant() {
-                    &[false, true]
-                } else {
-                    &[false]
-                };
-                sg.iter().flat_map(move |&subgroups| {
-                    let lanes: Vec<Option<LanesShape>> = if kernel == Kernel::PagedLanes {
-                        crate::attention::paged::lanes_representative_shapes(precision)
-                            .into_iter()
-                            .map(Some)
-                            .collect()
-                    } else {
-                        vec![None]
-                    };
-                    lanes.into_iter().map(move |lanes| ShaderVariant {
-                        kernel,
-                        precision,
-                        subgroups,
-                        lanes,
-                    })
-                })
-            })
-        })
-        .collect()
 }

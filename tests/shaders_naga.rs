@@ -3,7 +3,8 @@
 //! really uses, fits WebGPU's default limits, and translates to SPIR-V, MSL, HLSL and GLSL.
 //! The `#[repr(C)]` mirrors of WGSL structs are checked against naga's layout.
 
-use kvattn::shader::{all_variants, Precision, ShaderVariant};
+use kvattn::kernels::{all_variants, param_structs, representative_constants};
+use kvattn::shader::{Precision, ShaderVariant};
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
 use naga::{AddressSpace, Module, ShaderStage, TypeInner};
 
@@ -114,7 +115,7 @@ fn every_variant_validates_specializes_fits_and_translates() {
     for variant in &variants {
         let (module, info) =
             parse_and_validate(variant, capabilities(variant)).unwrap_or_else(|e| panic!("{e}"));
-        let sets = variant.representative_constants();
+        let sets = representative_constants(variant);
         assert!(
             !sets.is_empty(),
             "{}: no representative constants",
@@ -175,7 +176,7 @@ fn param_structs_match_naga_layout() {
     let mut checked = 0;
     for variant in all_variants() {
         let (module, _) = parse_and_validate(&variant, capabilities(&variant)).unwrap();
-        for (name, offsets, size) in variant.kernel.param_structs() {
+        for (name, offsets, size) in param_structs(variant.kernel) {
             let ty = module
                 .types
                 .iter()

@@ -19,8 +19,8 @@ pub use sets::{full_set, quick_set};
 use crate::cache::paged::PagedKvConfig;
 use crate::cache::pool::PoolLayout;
 use crate::mla::MlaCacheConfig;
+use crate::problem::MlaShape;
 use crate::quant::KvDtype;
-use crate::reference::mla::MlaShape;
 use crate::shader::Precision;
 use crate::{Error, Result};
 

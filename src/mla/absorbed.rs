@@ -9,7 +9,7 @@ use super::weights::MlaWeights;
 use crate::attention::paged::{PagedAttentionArgs, PagedAttentionPlan, SPLIT_TOKENS};
 use crate::attention::{AttentionOptions, AttentionShape};
 use crate::gpu::Context;
-use crate::reference::mla::MlaShape;
+use crate::problem::MlaShape;
 use crate::Result;
 
 /// The attention shape the paged kernel sees: MQA over `[c_kv ; k_pe]` keys and `c_kv` values.

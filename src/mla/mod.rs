@@ -5,11 +5,14 @@
 
 mod absorbed;
 pub mod cache;
-pub mod head_matmul;
 pub mod plan;
 pub mod strided_copy;
 mod up_proj;
 pub mod weights;
+
+/// The strided per-head product, which lives in [`matmul`](crate::matmul) (the decoder uses
+/// it too); re-exported here under its old path.
+pub use crate::matmul::head_matmul;
 
 pub use cache::{MlaCache, MlaCacheConfig};
 pub use plan::{mla_host, MlaArgs, MlaIo, MlaPath, MlaPlan};

@@ -22,8 +22,8 @@ use super::up_proj::UpProjPlan;
 use super::weights::MlaWeights;
 use crate::attention::paged::PagedQuery;
 use crate::gpu::{check_storage, Context};
-use crate::reference::mla::MlaShape;
-use crate::reference::AttentionOutput;
+use crate::problem::AttentionOutput;
+use crate::problem::MlaShape;
 use crate::shader::Precision;
 use crate::{Error, Result};
 

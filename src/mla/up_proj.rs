@@ -20,9 +20,9 @@ use crate::attention::paged::{
 use crate::attention::{AttentionOptions, AttentionShape};
 use crate::cache::pool::{PoolLayout, TensorScale};
 use crate::gpu::Context;
+use crate::problem::MlaShape;
 use crate::quant::dequant::dequantize_gather;
 use crate::quant::{KvDtype, ScaleMode};
-use crate::reference::mla::MlaShape;
 use crate::{Error, Result};
 
 /// Latent rows to decode for one chunk: per latent pool buffer, (chunk row, pool row) pairs.

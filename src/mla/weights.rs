@@ -2,7 +2,7 @@
 
 use crate::attention::spec::check_len;
 use crate::gpu::Context;
-use crate::reference::mla::MlaShape;
+use crate::problem::MlaShape;
 use crate::{Error, Result};
 
 /// `W_UK` `[H, d_nope, rank]` and `W_UV` `[H, rank, d_v]` of one layer, uploaded once.

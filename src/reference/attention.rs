@@ -34,14 +34,7 @@ use std::ops::Range;
 use crate::attention::{AttentionOptions, AttentionShape, RaggedBatch};
 use crate::Result;
 
-/// Result of [`attention`]: outputs and log-sum-exps, rounded once from f64 to f32.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AttentionOutput {
-    /// Attention output, `[total_q, Hq, d_v]` row-major.
-    pub out: Vec<f32>,
-    /// Natural log of each row's softmax denominator (sink included), `[total_q, Hq]`.
-    pub lse: Vec<f32>,
-}
+pub use crate::problem::AttentionOutput;
 
 /// Attention over every sequence of `batch`, as DESIGN.md section 2 defines it (see the module
 /// docs for the exact formula).

@@ -15,58 +15,11 @@
 //! running an ordinary attention over them.
 
 use crate::attention::spec::{check_len, check_offsets, total_rows};
+use crate::problem::AttentionOutput;
 use crate::reference::attention::{classify, scaled_dot, softmax_scored, Scored};
-use crate::reference::AttentionOutput;
 use crate::{Error, Result};
 
-/// The dimensions of an MLA layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MlaShape {
-    /// Attention heads (queries; the latent is shared by all).
-    pub num_heads: usize,
-    /// Query/key dims without position (DeepSeek-V2: 128).
-    pub d_nope: usize,
-    /// Decoupled RoPE dims (DeepSeek-V2: 64).
-    pub d_rope: usize,
-    /// Latent width, `kv_lora_rank` (DeepSeek-V2: 512).
-    pub rank: usize,
-    /// Value dims per head (DeepSeek-V2: 128).
-    pub d_v: usize,
-}
-
-impl MlaShape {
-    /// DeepSeek-V2's shape: 128 heads, nope 128, rope 64, rank 512, v 128.
-    pub const DEEPSEEK_V2: MlaShape = MlaShape {
-        num_heads: 128,
-        d_nope: 128,
-        d_rope: 64,
-        rank: 512,
-        d_v: 128,
-    };
-
-    /// Every dimension must be positive.
-    pub fn validate(&self) -> Result<()> {
-        for (what, d) in [
-            ("heads", self.num_heads),
-            ("d_nope", self.d_nope),
-            ("d_rope", self.d_rope),
-            ("rank", self.rank),
-            ("d_v", self.d_v),
-        ] {
-            if d == 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "MLA {what} must be positive"
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// The default scale `1 / sqrt(d_nope + d_rope)`, rounded once to f32.
-    pub fn default_scale(&self) -> f32 {
-        (1.0 / ((self.d_nope + self.d_rope) as f64).sqrt()) as f32
-    }
-}
+pub use crate::problem::MlaShape;
 
 /// An MLA batch in the FlashAttention varlen layout (DESIGN.md section 9, `run mla`).
 #[derive(Debug, Clone, Copy)]

@@ -1,6 +1,7 @@
 //! A strided, per-head batched matrix product on the GPU (`shaders/head_matmul.wgsl`): the MLA
-//! up-projection of the latent to per-head keys and values, and query absorption
-//! (`q_lat = W_UK^T q_nope`, a GEMV per head).
+//! up-projection of the latent to per-head keys and values, query absorption
+//! (`q_lat = W_UK^T q_nope`, a GEMV per head), and with one head the dense
+//! [`Linear`](super::Linear) of the decoder. Also reachable as `kvattn::mla::head_matmul`.
 //!
 //! For `t < rows`, `h < heads`, `n < n_out`:
 //!
@@ -23,9 +24,9 @@ use std::num::NonZeroU64;
 use crate::gpu::check_storage;
 pub use crate::gpu::dispatch::RowStrides;
 use crate::gpu::dispatch::{
-    binding_limit, check_positive, check_slice, fit_u32, range, submit_dispatches, ChunkedOperand,
+    binding_limit, check_positive, check_slice, fit_u32, range, ChunkedOperand,
 };
-use crate::gpu::Context;
+use crate::gpu::{Context, Dispatch};
 use crate::pipeline::PipelineKey;
 use crate::shader::{Kernel, Precision, ShaderVariant};
 use crate::{Error, Result};
@@ -170,6 +171,12 @@ impl Tile {
     }
 }
 
+/// The host mirrors of the kernel's WGSL structs, for the naga layout test
+/// ([`kernels::param_structs`](crate::kernels::param_structs)).
+pub fn param_structs() -> Vec<crate::kernels::StructLayout> {
+    vec![crate::kernels::layout_of::<HeadMatmulParams>()]
+}
+
 /// Override constants for the naga tests: every tile shape the host picks.
 pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
     Tile::SHAPES
@@ -273,16 +280,192 @@ impl HeadMatmul {
     }
 }
 
-/// Runs the product on the GPU: `x`, `w` and `y` are f32 storage buffers laid out as `spec`
-/// says. Rows are split over several dispatches (one submission) when the slices of x or y
-/// they touch exceed one storage binding or the workgroup grid; w must fit one binding.
+/// A product prepared once: its parameter uniforms, bind groups and grids. Recording it
+/// ([`encode`](Self::encode)) creates nothing, so a caller that keeps it records warm steps
+/// without touching the device. It stays bound to the buffers it was prepared with.
+#[derive(Debug)]
+pub struct PreparedMatmul {
+    dispatches: Vec<Dispatch>,
+    /// Kept alive with the bind groups that read them.
+    _params: Vec<wgpu::Buffer>,
+    flops: u64,
+}
+
+impl PreparedMatmul {
+    /// Records the product's dispatches into `pass`, in order.
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        for dispatch in &self.dispatches {
+            dispatch.encode(pass);
+        }
+    }
+
+    /// Floating-point operations of one recording (2 per multiply-add).
+    pub fn flops(&self) -> u64 {
+        self.flops
+    }
+
+    /// Dispatches one recording makes (rows are split when a slice of x or y exceeds one
+    /// storage binding or the workgroup grid).
+    pub fn dispatches(&self) -> usize {
+        self.dispatches.len()
+    }
+}
+
+impl HeadMatmul {
+    /// Checks the product against its buffers and prepares its dispatches (one parameter
+    /// uniform and one bind group each): `x`, `w` and `y` are f32 storage buffers laid out as
+    /// `self` says. Rows are split over several dispatches when the slices of x or y they touch
+    /// exceed one storage binding or the workgroup grid; w must fit one binding.
+    ///
+    /// # Errors
+    /// Everything is checked before anything is created: [`HeadMatmul::validate`];
+    /// [`Error::ShapeMismatch`] when a buffer is smaller than the largest index the product
+    /// touches; [`Error::InvalidArgument`] when y is also x or w, a buffer lacks `STORAGE`
+    /// usage, or `heads` exceeds the adapter's workgroups per dimension; [`Error::TooLarge`]
+    /// when w, or one row of x or y, exceeds a storage binding; [`Error::Gpu`] or
+    /// [`Error::Shader`] from wgpu.
+    pub fn prepare(
+        &self,
+        ctx: &Context,
+        x: &wgpu::Buffer,
+        w: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Result<PreparedMatmul> {
+        let spec = self;
+        spec.validate()?;
+        check_storage("head_matmul x", x, spec.x_len()?)?;
+        check_storage("head_matmul w", w, spec.w_len()?)?;
+        check_storage("head_matmul y", y, spec.y_len()?)?;
+        if y == x || y == w {
+            return Err(Error::InvalidArgument(
+                "head_matmul writes y out of place: it must be a buffer other than x and w".into(),
+            ));
+        }
+        let w_bytes = spec.w_len()? as u64 * 4;
+        let limit = binding_limit(ctx);
+        if w_bytes > limit {
+            return Err(Error::TooLarge {
+                what: "head_matmul weights w".into(),
+                bytes: w_bytes,
+                limit,
+            });
+        }
+        let max_groups = ctx.caps().max_compute_workgroups_per_dimension;
+        let heads = fit_u32("head_matmul heads", spec.heads)?;
+        if heads > max_groups {
+            return Err(Error::InvalidArgument(format!(
+                "head_matmul: {heads} heads exceed the adapter's {max_groups} workgroups per \
+                 dimension"
+            )));
+        }
+        let tile = Tile::for_shape(spec.rows, spec.n_out);
+        let tm = tile.tm as usize;
+        let n_tiles = spec.n_out.div_ceil(tile.tn() as usize);
+        if n_tiles > max_groups as usize {
+            return Err(Error::InvalidArgument(format!(
+                "head_matmul: {n_tiles} column tiles exceed the adapter's {max_groups} \
+                 workgroups per dimension"
+            )));
+        }
+        let xo = ChunkedOperand {
+            what: "head_matmul x",
+            strides: spec.x,
+            heads: spec.heads,
+            dim: spec.inner,
+        };
+        let yo = ChunkedOperand {
+            what: "head_matmul y",
+            strides: spec.y,
+            heads: spec.heads,
+            dim: spec.n_out,
+        };
+        let mut per_chunk = xo
+            .max_rows(ctx)?
+            .min(yo.max_rows(ctx)?)
+            .min(max_groups as usize / n_tiles * tm);
+        if per_chunk >= tm {
+            per_chunk = per_chunk / tm * tm;
+        }
+        let w_range = NonZeroU64::new(w_bytes)
+            .ok_or_else(|| Error::InvalidArgument("head_matmul w: empty".into()))?;
+        // Every slice and parameter block first: nothing is created for a product that fails
+        // its checks.
+        let mut chunks = Vec::new();
+        let mut t0 = 0;
+        while t0 < spec.rows {
+            let rows = per_chunk.min(spec.rows - t0);
+            let xs = xo.slice(ctx, t0, rows)?;
+            let ys = yo.slice(ctx, t0, rows)?;
+            let params = HeadMatmulParams {
+                rows: rows as u32,
+                inner: spec.inner as u32,
+                n_out: spec.n_out as u32,
+                n_tiles: n_tiles as u32,
+                x_offset: xs.offset,
+                x_row: spec.x.row as u32,
+                x_head: spec.x.head as u32,
+                w_head: spec.w_head as u32,
+                w_k: spec.w_k as u32,
+                w_n: spec.w_n as u32,
+                y_offset: ys.offset,
+                y_row: spec.y.row as u32,
+                y_head: spec.y.head as u32,
+                ..Default::default()
+            };
+            let grid = [(rows.div_ceil(tm) * n_tiles) as u32, heads, 1];
+            chunks.push((params, xs, ys, grid));
+            t0 += rows;
+        }
+        let key = PipelineKey::new(
+            ShaderVariant::new(Kernel::HeadMatmul, Precision::F32),
+            &tile.constants(),
+        );
+        let pipeline = ctx.pipeline(&key)?;
+        let mut params = Vec::with_capacity(chunks.len());
+        let mut dispatches = Vec::with_capacity(chunks.len());
+        for (p, xs, ys, grid) in &chunks {
+            let uniform = ctx.uniform("head_matmul params", p)?;
+            dispatches.push(ctx.prepare_dispatch(
+                "head_matmul",
+                &pipeline,
+                &[
+                    uniform.as_entire_binding(),
+                    range(x, xs.byte_offset, xs.bytes),
+                    range(w, 0, w_range),
+                    range(y, ys.byte_offset, ys.bytes),
+                ],
+                *grid,
+            )?);
+            params.push(uniform);
+        }
+        Ok(PreparedMatmul {
+            dispatches,
+            _params: params,
+            flops: spec.flops(),
+        })
+    }
+}
+
+/// Records the product into `pass` (see [`HeadMatmul::prepare`], whose checks and errors it
+/// shares): every bind group is created before the first dispatch is recorded; nothing is
+/// submitted.
+pub fn encode_head_matmul(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    spec: &HeadMatmul,
+    x: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+) -> Result<()> {
+    spec.prepare(ctx, x, w, y)?.encode(pass);
+    Ok(())
+}
+
+/// Runs the product on the GPU in one submission: [`encode_head_matmul`] into a compute pass of
+/// its own, submitted.
 ///
 /// # Errors
-/// Everything is checked before anything is dispatched: [`HeadMatmul::validate`];
-/// [`Error::ShapeMismatch`] when a buffer is smaller than the largest index the product
-/// touches; [`Error::InvalidArgument`] when y is also x or w, a buffer lacks `STORAGE` usage, or
-/// `heads` exceeds the adapter's workgroups per dimension; [`Error::TooLarge`] when w, or one
-/// row of x or y, exceeds a storage binding; [`Error::Gpu`] or [`Error::Shader`] from wgpu.
+/// Those of [`HeadMatmul::prepare`], before anything is submitted.
 pub fn head_matmul(
     ctx: &Context,
     spec: &HeadMatmul,
@@ -290,105 +473,10 @@ pub fn head_matmul(
     w: &wgpu::Buffer,
     y: &wgpu::Buffer,
 ) -> Result<()> {
-    spec.validate()?;
-    check_storage("head_matmul x", x, spec.x_len()?)?;
-    check_storage("head_matmul w", w, spec.w_len()?)?;
-    check_storage("head_matmul y", y, spec.y_len()?)?;
-    if y == x || y == w {
-        return Err(Error::InvalidArgument(
-            "head_matmul writes y out of place: it must be a buffer other than x and w".into(),
-        ));
-    }
-    let w_bytes = spec.w_len()? as u64 * 4;
-    let limit = binding_limit(ctx);
-    if w_bytes > limit {
-        return Err(Error::TooLarge {
-            what: "head_matmul weights w".into(),
-            bytes: w_bytes,
-            limit,
-        });
-    }
-    let max_groups = ctx.caps().max_compute_workgroups_per_dimension;
-    let heads = fit_u32("head_matmul heads", spec.heads)?;
-    if heads > max_groups {
-        return Err(Error::InvalidArgument(format!(
-            "head_matmul: {heads} heads exceed the adapter's {max_groups} workgroups per dimension"
-        )));
-    }
-    let tile = Tile::for_shape(spec.rows, spec.n_out);
-    let tm = tile.tm as usize;
-    let n_tiles = spec.n_out.div_ceil(tile.tn() as usize);
-    if n_tiles > max_groups as usize {
-        return Err(Error::InvalidArgument(format!(
-            "head_matmul: {n_tiles} column tiles exceed the adapter's {max_groups} workgroups \
-             per dimension"
-        )));
-    }
-    let xo = ChunkedOperand {
-        what: "head_matmul x",
-        strides: spec.x,
-        heads: spec.heads,
-        dim: spec.inner,
-    };
-    let yo = ChunkedOperand {
-        what: "head_matmul y",
-        strides: spec.y,
-        heads: spec.heads,
-        dim: spec.n_out,
-    };
-    let mut per_chunk = xo
-        .max_rows(ctx)?
-        .min(yo.max_rows(ctx)?)
-        .min(max_groups as usize / n_tiles * tm);
-    if per_chunk >= tm {
-        per_chunk = per_chunk / tm * tm;
-    }
-    let key = PipelineKey::new(
-        ShaderVariant::new(Kernel::HeadMatmul, Precision::F32),
-        &tile.constants(),
-    );
-    let pipeline = ctx.pipeline(&key)?;
-    let w_range = NonZeroU64::new(w_bytes)
-        .ok_or_else(|| Error::InvalidArgument("head_matmul w: empty".into()))?;
-    let mut chunks = Vec::new();
-    let mut t0 = 0;
-    while t0 < spec.rows {
-        let rows = per_chunk.min(spec.rows - t0);
-        let xs = xo.slice(ctx, t0, rows)?;
-        let ys = yo.slice(ctx, t0, rows)?;
-        let params = HeadMatmulParams {
-            rows: rows as u32,
-            inner: spec.inner as u32,
-            n_out: spec.n_out as u32,
-            n_tiles: n_tiles as u32,
-            x_offset: xs.offset,
-            x_row: spec.x.row as u32,
-            x_head: spec.x.head as u32,
-            w_head: spec.w_head as u32,
-            w_k: spec.w_k as u32,
-            w_n: spec.w_n as u32,
-            y_offset: ys.offset,
-            y_row: spec.y.row as u32,
-            y_head: spec.y.head as u32,
-            ..Default::default()
-        };
-        let grid = [(rows.div_ceil(tm) * n_tiles) as u32, heads, 1];
-        chunks.push((ctx.uniform("head_matmul params", &params)?, xs, ys, grid));
-        t0 += rows;
-    }
-    let dispatches = chunks
-        .iter()
-        .map(|(uniform, xs, ys, grid)| {
-            (
-                vec![
-                    uniform.as_entire_binding(),
-                    range(x, xs.byte_offset, xs.bytes),
-                    range(w, 0, w_range),
-                    range(y, ys.byte_offset, ys.bytes),
-                ],
-                *grid,
-            )
-        })
-        .collect();
-    submit_dispatches(ctx, "head_matmul", &pipeline, dispatches)
+    let prepared = spec.prepare(ctx, x, w, y)?;
+    ctx.run_pass("head_matmul", |pass| {
+        prepared.encode(pass);
+        Ok(())
+    })?;
+    Ok(())
 }
