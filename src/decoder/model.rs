@@ -10,21 +10,24 @@
 //! two products over the keys each query sees; the elementwise work (norms, RoPE, SwiGLU,
 //! softmax) is left out, as usual.
 
-use crate::attention::paged::{PagedAttentionArgs, PagedAttentionPlan, PagedQuery};
-use crate::attention::{AttentionOptions, AttentionShape};
+use crate::attention::paged::PagedQuery;
+use crate::attention::paged_plan::{AttentionIo, PagedAttentionPlan, PlanCapacity, PlanSpec};
+use crate::attention::{AttentionOptions, AttentionShape, SPLIT_TOKENS};
 use crate::cache::allocator::SeqId;
 use crate::cache::append_kv::SourceDtype;
+use crate::cache::append_plan::{AppendIo, AppendPlan};
 use crate::cache::paged::{AppendBatch, PagedKvCache, PagedKvConfig};
-use crate::decoder::ops::add::add_in_place;
-use crate::decoder::ops::embed::{embed, embed_host_check};
-use crate::decoder::ops::rms_norm::rms_norm;
-use crate::decoder::ops::swiglu::swiglu;
-use crate::gpu::Context;
-use crate::mla::head_matmul::{head_matmul, HeadMatmul, RowStrides};
+use crate::decoder::ops::add::{prepare_add, AddArgs};
+use crate::decoder::ops::embed::{embed_host_check, prepare_embed, EmbedArgs};
+use crate::decoder::ops::rms_norm::{prepare_rms_norm, RmsNormArgs};
+use crate::decoder::ops::swiglu::{prepare_swiglu, SwigluArgs};
+use crate::decoder::ops::PreparedOp;
+use crate::gpu::{Context, Readback};
+use crate::matmul::{Linear, PreparedMatmul};
 use crate::quant::KvDtype;
-use crate::rope::{rope, RopeConfig, RopeStyle};
+use crate::rope::{PreparedRope, Rope, RopeArgs, RopeConfig, RopeStyle, RopeTables};
 use crate::shader::Precision;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::{Error, Result};
 
@@ -233,6 +236,36 @@ pub struct StepOutput {
     pub flops: u64,
 }
 
+/// A step recorded by [`Decoder::encode_step`]: its logits, once the caller has submitted the
+/// encoder.
+#[derive(Debug)]
+pub struct PendingStep {
+    readback: Arc<Readback>,
+    len: usize,
+    flops: u64,
+}
+
+impl PendingStep {
+    /// The step's logits and FLOPs once submission `index` (the one that carried the step's
+    /// encoder) has run; reports the errors of every submission so far first.
+    pub async fn read_async(
+        self,
+        ctx: &Context,
+        index: wgpu::SubmissionIndex,
+    ) -> Result<StepOutput> {
+        let logits = self.readback.read_async(ctx, index, self.len).await?;
+        Ok(StepOutput {
+            logits,
+            flops: self.flops,
+        })
+    }
+
+    /// The blocking form of [`read_async`](Self::read_async).
+    pub fn read(self, ctx: &Context, index: wgpu::SubmissionIndex) -> Result<StepOutput> {
+        pollster::block_on(self.read_async(ctx, index))
+    }
+}
+
 /// A decoder with its weights on the GPU.
 #[derive(Debug)]
 pub struct Decoder {
@@ -242,48 +275,48 @@ pub struct Decoder {
     layers: Vec<GpuLayer>,
     final_norm: wgpu::Buffer,
     lm_head: Option<wgpu::Buffer>,
-    /// Activations of the largest step so far, reused by every step that fits them.
-    scratch: Mutex<Option<Scratch>>,
+    /// RoPE's turns tables for the queries and the keys (uploaded once).
+    rope_q: RopeTables,
+    rope_k: RopeTables,
+    /// The activations and the prepared steps of the last few step shapes.
+    steps: Mutex<StepCache>,
 }
 
-/// `y[t, :] = W x[t, :]` for `rows` rows of `x` starting at row `x_row`, with `W` `[n, k]`;
-/// rows of `y` start at row `y_row`. Returns the FLOPs.
-fn linear(
-    ctx: &Context,
-    (x, x_row): (&wgpu::Buffer, usize),
-    rows: usize,
-    k: usize,
-    w: &wgpu::Buffer,
-    n: usize,
-    (y, y_row): (&wgpu::Buffer, usize),
-) -> Result<u64> {
-    let spec = HeadMatmul {
-        rows,
-        heads: 1,
-        inner: k,
-        n_out: n,
-        x: RowStrides {
-            offset: x_row * k,
-            row: k,
-            head: 0,
-        },
-        w_head: 0,
-        w_k: 1,
-        w_n: k,
-        y: RowStrides {
-            offset: y_row * n,
-            row: n,
-            head: 0,
-        },
-    };
-    head_matmul(ctx, &spec, x, w, y)?;
-    Ok(spec.flops())
+/// Step shapes whose prepared resources a decoder keeps (e.g. a prefill and a decode shape);
+/// the least recently used one is dropped for a new shape.
+const MAX_SHAPES: usize = 2;
+
+/// What a step's prepared resources are made for: the cache, each sequence's new tokens (in
+/// batch order) and which logits are read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StepShape {
+    cache: u64,
+    lens: Vec<usize>,
+    which: Logits,
 }
 
-/// Activation buffers for steps of up to `tokens` tokens.
+impl StepShape {
+    fn tokens(&self) -> usize {
+        self.lens.iter().sum()
+    }
+
+    /// Logit rows the step reads back.
+    fn rows(&self) -> usize {
+        match self.which {
+            Logits::Last => self.lens.len(),
+            Logits::All => self.tokens(),
+        }
+    }
+}
+
+/// Activation buffers for steps of up to `tokens` tokens, shared by every prepared step shape
+/// (steps run one after another on the queue), with the token ids and positions each step
+/// writes with [`Context::write_buffer`].
 #[derive(Debug)]
 struct Scratch {
     tokens: usize,
+    ids: wgpu::Buffer,
+    positions: wgpu::Buffer,
     x: wgpu::Buffer,
     h: wgpu::Buffer,
     q: wgpu::Buffer,
@@ -304,6 +337,8 @@ impl Scratch {
         let f = |what: &str, n: usize| ctx.filled(what, n.max(1), 0.0f32);
         Ok(Self {
             tokens: t,
+            ids: ctx.filled("token ids", t, 0u32)?,
+            positions: ctx.filled("positions", t, 0u32)?,
             x: f("residual", t * c.d_model)?,
             h: f("normed", t * c.d_model)?,
             q: f("q", t * c.q_dim())?,
@@ -319,6 +354,70 @@ impl Scratch {
             act: f("activation", t * c.ffn)?,
         })
     }
+}
+
+/// The whole of a buffer as a binding.
+fn whole(buffer: &wgpu::Buffer) -> wgpu::BufferBinding<'_> {
+    wgpu::BufferBinding {
+        buffer,
+        offset: 0,
+        size: None,
+    }
+}
+
+/// One layer's prepared ops (those that bind the layer's weights).
+#[derive(Debug)]
+struct LayerStep {
+    attn_norm: PreparedOp,
+    q: PreparedMatmul,
+    k: PreparedMatmul,
+    v: PreparedMatmul,
+    o: PreparedMatmul,
+    ffn_norm: PreparedOp,
+    gate: PreparedMatmul,
+    up: PreparedMatmul,
+    down: PreparedMatmul,
+}
+
+/// Everything a step of one shape records, made once: the prepared ops with their bind
+/// groups, the attention and append plans, the logits buffer and its readback staging. A warm
+/// step of the shape writes its ids, positions and plan metadata and records these: no buffer,
+/// no bind group, one submission.
+#[derive(Debug)]
+struct Step {
+    shape: StepShape,
+    embed: PreparedOp,
+    rope_q: PreparedRope,
+    rope_k: PreparedRope,
+    /// `x += proj` (both residual adds of every layer).
+    residual: PreparedOp,
+    swiglu: PreparedOp,
+    layers: Vec<LayerStep>,
+    final_norm: PreparedOp,
+    /// The logits: one product for every row ([`Logits::All`]) or one per sequence's last row.
+    head: Vec<PreparedMatmul>,
+    logits: wgpu::Buffer,
+    readback: Arc<Readback>,
+    attention: PagedAttentionPlan,
+    append: AppendPlan,
+    /// FLOPs of the step's matrix products.
+    matmul_flops: u64,
+    /// The context's submission count when the step was last recorded.
+    recorded_at: Option<u64>,
+}
+
+/// A decoder's step resources: the shared activations and the prepared steps, most recently
+/// used last.
+#[derive(Debug, Default)]
+struct StepCache {
+    scratch: Option<Scratch>,
+    steps: Vec<Step>,
+}
+
+/// Blocks per sequence an attention plan is made for when a sequence needs `blocks`: room to
+/// grow (doubling), within the pool.
+fn blocks_capacity(blocks: usize, pool_blocks: usize) -> usize {
+    (blocks.max(1).next_power_of_two() * 2).min(pool_blocks.max(1))
 }
 
 impl Decoder {
@@ -364,7 +463,9 @@ impl Decoder {
                 .as_deref()
                 .map(|h| up("output projection", h))
                 .transpose()?,
-            scratch: Mutex::new(None),
+            rope_q: RopeTables::new(ctx, &config.rope(config.n_heads))?,
+            rope_k: RopeTables::new(ctx, &config.rope(config.n_kv_heads))?,
+            steps: Mutex::new(StepCache::default()),
         })
     }
 
@@ -386,7 +487,13 @@ impl Decoder {
         self.forward_with(ctx, cache, batch, Logits::Last)
     }
 
-    /// [`forward`](Self::forward) with the logits of the tokens `which` chooses.
+    /// [`forward`](Self::forward) with the logits of the tokens `which` chooses: the step is
+    /// recorded by [`encode_step`](Self::encode_step) into one encoder, submitted once, and
+    /// only the logits asked for are read back.
+    ///
+    /// # Errors
+    /// As [`encode_step`](Self::encode_step); the errors of the step's submission come back
+    /// from its readback.
     pub fn forward_with(
         &self,
         ctx: &Context,
@@ -394,6 +501,41 @@ impl Decoder {
         batch: &[(SeqId, &[u32])],
         which: Logits,
     ) -> Result<StepOutput> {
+        let mut encoder = ctx.encoder("decoder step");
+        let pending = self.encode_step(ctx, cache, batch, which, &mut encoder)?;
+        let index = ctx.submit("decoder step", encoder)?;
+        pending.read(ctx, index)
+    }
+
+    /// Records one step (see [`forward_with`](Self::forward_with)) into `encoder`, for the
+    /// caller to submit with [`Context::submit`] (possibly with work of its own) and then read
+    /// with [`PendingStep::read`]. Read a step's logits before recording the next step of the
+    /// same shape (they share the staging buffer).
+    ///
+    /// The step goes into one compute pass of `encoder`: the embedding, every layer (norm, Q/K/V products,
+    /// RoPE, the append into the cache, paged attention, output product, residual, norm,
+    /// gate/up products, SwiGLU, down product, residual), the final norm and the logits are
+    /// recorded, then the logits are copied into a reusable staging buffer. The resources of a step (activations, plans,
+    /// bind groups, logits) are kept for the last few step shapes (tokens per sequence, which
+    /// logits, the cache), so a step with the shape of an earlier one (a warm decode step)
+    /// creates no buffer and no bind group: it writes the token ids, positions and plan
+    /// metadata with [`Context::write_buffer`] and records. Copy-on-write block copies of a
+    /// forked sequence's shared last block run before the step, in their own submission.
+    ///
+    /// # Errors
+    /// Before anything is allocated or recorded: [`Error::InvalidArgument`] for a cache of
+    /// another shape, an empty batch, a sequence without new tokens or twice in the batch, a
+    /// token id outside the vocabulary; [`Error::UnknownSequence`]; [`Error::OutOfBlocks`] when
+    /// the new tokens' blocks do not fit (nothing is appended then); creation errors of a new
+    /// step shape.
+    pub fn encode_step(
+        &self,
+        ctx: &Context,
+        cache: &mut PagedKvCache,
+        batch: &[(SeqId, &[u32])],
+        which: Logits,
+        encoder: &mut wgpu::CommandEncoder,
+    ) -> Result<PendingStep> {
         let c = self.config;
         let kc = cache.config();
         if kc.layers != c.layers || kc.num_kv_heads != c.n_kv_heads || kc.head_dim_k != c.head_dim {
@@ -409,7 +551,8 @@ impl Decoder {
         let mut ids = Vec::new();
         let mut positions = Vec::new();
         let mut queries = Vec::with_capacity(batch.len());
-        let mut needed = 0;
+        let mut max_blocks = 0;
+        let alloc = cache.allocator();
         for (i, &(seq, tokens)) in batch.iter().enumerate() {
             if tokens.is_empty() {
                 return Err(Error::InvalidArgument(format!(
@@ -421,14 +564,14 @@ impl Decoder {
                     "sequence {seq} appears twice in one step"
                 )));
             }
-            let start = cache.allocator().len(seq)?;
+            let start = alloc.len(seq)?;
             positions.extend((start..start + tokens.len()).map(|p| p as u32));
             ids.extend_from_slice(tokens);
             queries.push(PagedQuery {
                 seq,
                 len_q: tokens.len(),
             });
-            needed += tokens.len();
+            max_blocks = max_blocks.max(alloc.blocks_for(start + tokens.len()));
         }
         embed_host_check(&ids, c.vocab)?;
         // All or nothing: refuse the step unless every sequence's new blocks fit, then allocate.
@@ -441,79 +584,289 @@ impl Decoder {
                 available: free,
             });
         }
+        let shape = StepShape {
+            cache: cache.id(),
+            lens: news.iter().map(|&(_, n)| n).collect(),
+            which,
+        };
+        let t = ids.len();
+        let rows = shape.rows();
+
+        // The step's resources: found for a known shape, else made now (before the cache
+        // changes, so that a failed creation leaves it as it was).
+        let mut guard = self.steps.lock().unwrap_or_else(|poisoned| {
+            // A panic mid-step may have left a plan recorded but not submitted: start afresh.
+            self.steps.clear_poison();
+            let mut guard = poisoned.into_inner();
+            *guard = StepCache::default();
+            guard
+        });
+        let st = &mut *guard;
+        if st.scratch.as_ref().is_none_or(|s| s.tokens < t) {
+            // Every prepared step binds the old activations: drop them with it.
+            st.steps.clear();
+            st.scratch = None;
+            // Rounded up, so that steps of growing length (a recomputing run) do not make new
+            // activations every step.
+            st.scratch = Some(Scratch::new(ctx, &c, t.next_power_of_two().max(16))?);
+        }
+        let s = st.scratch.as_ref().expect("made above");
+        let pool_blocks = cache.allocator().num_blocks();
+        let submissions = ctx.counters().submissions;
+        // A step recorded into an encoder that was never submitted leaves its plans waiting for
+        // a submission: such a step is made anew rather than refused after the allocation.
+        let known = st
+            .steps
+            .iter()
+            .position(|p| p.shape == shape && p.recorded_at != Some(submissions));
+        st.steps.retain(|p| p.shape != shape || known.is_some());
+        let mut step = match known {
+            Some(i) => st.steps.remove(i),
+            None => {
+                let blocks = blocks_capacity(max_blocks, pool_blocks);
+                self.prepare_step(ctx, cache, shape, s, blocks)?
+            }
+        };
+        if step.attention.capacity().max_blocks_per_seq < max_blocks {
+            let blocks = blocks_capacity(max_blocks, pool_blocks);
+            step.attention = self.attention_plan(ctx, cache, &step.shape, blocks)?;
+        }
+
+        // Allocate the slots (and run copy-on-write copies), write the step's ids, positions
+        // and plan metadata, record everything into one pass and submit it once.
         let mut append = AppendBatch::new();
         for &(seq, tokens) in batch {
             cache.append_tokens(ctx, &mut append, seq, tokens)?;
         }
-        let t = needed;
-        // Reuse the activation buffers while they are large enough (wgpu orders the previous
-        // step's work before this step's writes).
-        let mut scratch = self
-            .scratch
-            .lock()
-            .map_err(|_| Error::Gpu("the decoder's scratch buffers are poisoned".into()))?;
-        if scratch.as_ref().is_none_or(|s| s.tokens < t) {
-            *scratch = Some(Scratch::new(ctx, &c, t.max(16))?);
+        ctx.write_buffer(&s.ids, 0, bytemuck::cast_slice(&ids))?;
+        ctx.write_buffer(&s.positions, 0, bytemuck::cast_slice(&positions))?;
+        step.append.update(ctx, cache, &append)?;
+        step.attention.update(ctx, cache, &queries)?;
+        {
+            let mut pass = ctx.begin_compute_pass(encoder, Some("decoder step"));
+            self.encode_layers(ctx, &mut pass, cache, &step, s)?;
         }
-        let s = scratch.as_ref().expect("allocated above");
-        let tokens_buf = ctx.upload("token ids", &ids)?;
-        embed(ctx, &tokens_buf, t, c.d_model, c.vocab, &self.embed, &s.x)?;
-        let options = AttentionOptions::default();
-        let plan = PagedAttentionPlan::new(
-            ctx,
-            cache,
-            &PagedAttentionArgs {
-                layer: 0,
-                batch: &queries,
-                shape: c.attention_shape(),
-                options: &options,
-                precision: self.precision,
-            },
-        )?;
-        let mut flops = 0u64;
-        for (l, w) in self.layers.iter().enumerate() {
-            let d = c.d_model;
-            rms_norm(ctx, t, d, c.rms_eps, &s.x, &w.attn_norm, &s.h)?;
-            flops += linear(ctx, (&s.h, 0), t, d, &w.wq, c.q_dim(), (&s.q, 0))?;
-            flops += linear(ctx, (&s.h, 0), t, d, &w.wk, c.kv_dim(), (&s.k, 0))?;
-            flops += linear(ctx, (&s.h, 0), t, d, &w.wv, c.kv_dim(), (&s.v, 0))?;
-            rope(ctx, &c.rope(c.n_heads), &s.q, &positions, &s.q_rot)?;
-            rope(ctx, &c.rope(c.n_kv_heads), &s.k, &positions, &s.k_rot)?;
-            cache.write_layer(ctx, l, &append, &s.k_rot, &s.v, SourceDtype::F32)?;
-            plan.run(ctx, cache, l, &s.q_rot, &s.attn, &s.lse)?;
-            flops += attention_flops(&c, &positions);
-            flops += linear(ctx, (&s.attn, 0), t, c.q_dim(), &w.wo, d, (&s.proj, 0))?;
-            add_in_place(ctx, t * d, &s.x, &s.proj)?;
-            rms_norm(ctx, t, d, c.rms_eps, &s.x, &w.ffn_norm, &s.h)?;
-            flops += linear(ctx, (&s.h, 0), t, d, &w.w_gate, c.ffn, (&s.gate, 0))?;
-            flops += linear(ctx, (&s.h, 0), t, d, &w.w_up, c.ffn, (&s.up, 0))?;
-            swiglu(ctx, t * c.ffn, &s.gate, &s.up, &s.act)?;
-            flops += linear(ctx, (&s.act, 0), t, c.ffn, &w.w_down, d, (&s.proj, 0))?;
-            add_in_place(ctx, t * d, &s.x, &s.proj)?;
-        }
-        rms_norm(ctx, t, c.d_model, c.rms_eps, &s.x, &self.final_norm, &s.h)?;
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let rows = match which {
-            Logits::Last => batch.len(),
-            Logits::All => t,
+        let bytes = (rows * c.vocab * 4) as u64;
+        step.readback.encode_copy(encoder, &step.logits, 0, bytes)?;
+        step.recorded_at = Some(ctx.counters().submissions);
+        let pending = PendingStep {
+            readback: Arc::clone(&step.readback),
+            len: rows * c.vocab,
+            flops: step.matmul_flops + c.layers as u64 * attention_flops(&c, &positions),
         };
+        // Keep the shape, most recently used last.
+        st.steps.push(step);
+        if st.steps.len() > MAX_SHAPES {
+            st.steps.remove(0);
+        }
+        Ok(pending)
+    }
+
+    /// Records a prepared step (whose plans were updated for this step) into `pass`.
+    fn encode_layers(
+        &self,
+        ctx: &Context,
+        pass: &mut wgpu::ComputePass<'_>,
+        cache: &PagedKvCache,
+        step: &Step,
+        s: &Scratch,
+    ) -> Result<()> {
+        step.embed.encode(pass);
+        for (layer, ops) in step.layers.iter().enumerate() {
+            ops.attn_norm.encode(pass);
+            ops.q.encode(pass);
+            ops.k.encode(pass);
+            ops.v.encode(pass);
+            step.rope_q.encode(pass);
+            step.rope_k.encode(pass);
+            let io = AppendIo {
+                cache,
+                layer,
+                k: whole(&s.k_rot),
+                v: whole(&s.v),
+                src: SourceDtype::F32,
+            };
+            step.append.encode(ctx, pass, &io)?;
+            let io = AttentionIo {
+                cache,
+                layer,
+                q: whole(&s.q_rot),
+                out: whole(&s.attn),
+                lse: whole(&s.lse),
+            };
+            step.attention.encode(ctx, pass, &io)?;
+            ops.o.encode(pass);
+            step.residual.encode(pass);
+            ops.ffn_norm.encode(pass);
+            ops.gate.encode(pass);
+            ops.up.encode(pass);
+            step.swiglu.encode(pass);
+            ops.down.encode(pass);
+            step.residual.encode(pass);
+        }
+        step.final_norm.encode(pass);
+        for head in &step.head {
+            head.encode(pass);
+        }
+        Ok(())
+    }
+
+    /// An attention plan for steps of `shape` over `cache`, for sequences of up to `blocks`
+    /// blocks.
+    fn attention_plan(
+        &self,
+        ctx: &Context,
+        cache: &PagedKvCache,
+        shape: &StepShape,
+        blocks: usize,
+    ) -> Result<PagedAttentionPlan> {
+        let options = AttentionOptions::default();
+        let spec = PlanSpec {
+            shape: self.config.attention_shape(),
+            options: &options,
+            precision: self.precision,
+            split_tokens: SPLIT_TOKENS,
+        };
+        let capacity = PlanCapacity {
+            max_seqs: shape.lens.len(),
+            max_q_tokens: shape.tokens(),
+            max_blocks_per_seq: blocks,
+        };
+        PagedAttentionPlan::with_capacity(ctx, cache, &spec, capacity)
+    }
+
+    /// Makes everything a step of `shape` records, over the activations `s`.
+    fn prepare_step(
+        &self,
+        ctx: &Context,
+        cache: &PagedKvCache,
+        shape: StepShape,
+        s: &Scratch,
+        blocks: usize,
+    ) -> Result<Step> {
+        let c = self.config;
+        let (t, d) = (shape.tokens(), c.d_model);
+        let mut flops = 0u64;
+        let mut linear = |spec: Linear<'_>| -> Result<PreparedMatmul> {
+            let prepared = spec.prepare(ctx)?;
+            flops += prepared.flops();
+            Ok(prepared)
+        };
+        let dense = |x, k, w, n, y| Linear {
+            x,
+            x_row: 0,
+            rows: t,
+            k,
+            w,
+            n,
+            y,
+            y_row: 0,
+        };
+        let norm = |weight, out| RmsNormArgs {
+            rows: t,
+            dim: d,
+            eps: c.rms_eps,
+            x: &s.x,
+            weight,
+            out,
+        };
+        let mut layers = Vec::with_capacity(c.layers);
+        for w in &self.layers {
+            layers.push(LayerStep {
+                attn_norm: prepare_rms_norm(ctx, &norm(&w.attn_norm, &s.h))?,
+                q: linear(dense(&s.h, d, &w.wq, c.q_dim(), &s.q))?,
+                k: linear(dense(&s.h, d, &w.wk, c.kv_dim(), &s.k))?,
+                v: linear(dense(&s.h, d, &w.wv, c.kv_dim(), &s.v))?,
+                o: linear(dense(&s.attn, c.q_dim(), &w.wo, d, &s.proj))?,
+                ffn_norm: prepare_rms_norm(ctx, &norm(&w.ffn_norm, &s.h))?,
+                gate: linear(dense(&s.h, d, &w.w_gate, c.ffn, &s.gate))?,
+                up: linear(dense(&s.h, d, &w.w_up, c.ffn, &s.up))?,
+                down: linear(dense(&s.act, c.ffn, &w.w_down, d, &s.proj))?,
+            });
+        }
+        let rows = shape.rows();
         let logits = ctx.filled("logits", rows * c.vocab, crate::gpu::UNWRITTEN)?;
-        match which {
-            Logits::All => {
-                flops += linear(ctx, (&s.h, 0), t, c.d_model, head, c.vocab, (&logits, 0))?;
-            }
+        let head_w = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let mut head = Vec::new();
+        match shape.which {
+            Logits::All => head.push(linear(dense(&s.h, d, head_w, c.vocab, &logits))?),
             Logits::Last => {
+                // One product per sequence's last row (the same product a step of that
+                // sequence alone runs, so batching changes no bit).
                 let mut row = 0;
-                for (i, &(_, tokens)) in batch.iter().enumerate() {
-                    row += tokens.len();
-                    let x = (&s.h, row - 1);
-                    flops += linear(ctx, x, 1, c.d_model, head, c.vocab, (&logits, i))?;
+                for (i, &len) in shape.lens.iter().enumerate() {
+                    row += len;
+                    head.push(linear(Linear {
+                        x_row: row - 1,
+                        rows: 1,
+                        y_row: i,
+                        ..dense(&s.h, d, head_w, c.vocab, &logits)
+                    })?);
                 }
             }
         }
-        Ok(StepOutput {
-            logits: ctx.read_back(&logits, rows * c.vocab)?,
-            flops,
+        let rope = |tables, x, out| RopeArgs {
+            tables,
+            x: whole(x),
+            positions: &s.positions,
+            tokens: t,
+            out: whole(out),
+        };
+        Ok(Step {
+            embed: prepare_embed(
+                ctx,
+                &EmbedArgs {
+                    tokens: &s.ids,
+                    n_tokens: t,
+                    dim: d,
+                    vocab: c.vocab,
+                    table: &self.embed,
+                    out: &s.x,
+                },
+            )?,
+            rope_q: Rope::prepare(ctx, &rope(&self.rope_q, &s.q, &s.q_rot))?,
+            rope_k: Rope::prepare(ctx, &rope(&self.rope_k, &s.k, &s.k_rot))?,
+            residual: prepare_add(
+                ctx,
+                &AddArgs {
+                    n: t * d,
+                    x: &s.x,
+                    y: &s.proj,
+                },
+            )?,
+            swiglu: prepare_swiglu(
+                ctx,
+                &SwigluArgs {
+                    n: t * c.ffn,
+                    gate: &s.gate,
+                    up: &s.up,
+                    out: &s.act,
+                },
+            )?,
+            layers,
+            final_norm: prepare_rms_norm(
+                ctx,
+                &RmsNormArgs {
+                    rows: t,
+                    dim: d,
+                    eps: c.rms_eps,
+                    x: &s.x,
+                    weight: &self.final_norm,
+                    out: &s.h,
+                },
+            )?,
+            head,
+            readback: Arc::new(Readback::new(
+                ctx,
+                "logits readback",
+                (rows * c.vocab * 4) as u64,
+            )?),
+            logits,
+            attention: self.attention_plan(ctx, cache, &shape, blocks)?,
+            append: AppendPlan::with_capacity(ctx, cache, t)?,
+            matmul_flops: flops,
+            recorded_at: None,
+            shape,
         })
     }
 }

@@ -22,5 +22,6 @@ mod plan_lifetime;
 mod rope;
 mod serve;
 mod snapshot;
+mod step_counters;
 mod strided_copy;
 mod threads;
