@@ -2,11 +2,11 @@
 //! (the paged kernel in its MLA mode, `shaders/paged.wgsl`), then `out = W_UV^T o_lat` per head.
 
 use super::cache::MlaCache;
-use super::head_matmul::{head_matmul, HeadMatmul, RowStrides};
+use super::head_matmul::{HeadMatmul, RowStrides};
 use super::plan::{MlaArgs, MlaIo};
-use super::strided_copy::{strided_copy, StridedCopy};
+use super::strided_copy::StridedCopy;
 use super::weights::MlaWeights;
-use crate::attention::paged::{PagedAttentionArgs, PagedAttentionPlan, SPLIT_TOKENS};
+use crate::attention::paged::{AttentionIo, PagedAttentionArgs, PagedAttentionPlan, SPLIT_TOKENS};
 use crate::attention::{AttentionOptions, AttentionShape};
 use crate::gpu::Context;
 use crate::problem::MlaShape;
@@ -69,9 +69,15 @@ impl AbsorbedPlan {
         })
     }
 
-    pub(crate) fn run(
+    /// Records the path into `pass`: query absorption, the RoPE queries' copy, attention over
+    /// the latent rows (split-K states and their merge), the output up-projection; nothing is
+    /// submitted. The projections and the copy are checked and their bind groups made first;
+    /// the attention plan then checks its own buffers (the plan's scratch and `io.lse`, which
+    /// [`MlaPlan::encode`](super::MlaPlan::encode) checked before) and records.
+    pub(crate) fn encode(
         &self,
         ctx: &Context,
+        pass: &mut wgpu::ComputePass<'_>,
         cache: &MlaCache,
         layer: usize,
         weights: &MlaWeights,
@@ -81,79 +87,78 @@ impl AbsorbedPlan {
         let (h, t) = (s.num_heads, self.total_q);
         let q_row = s.rank + s.d_rope;
         // q_lat[t, h, r] = sum_n q_nope[t, h, n] W_UK[h, n, r], into columns 0..rank of q_cat.
-        head_matmul(
-            ctx,
-            &HeadMatmul {
-                rows: t,
-                heads: h,
-                inner: s.d_nope,
-                n_out: s.rank,
-                x: RowStrides {
-                    offset: 0,
-                    row: h * s.d_nope,
-                    head: s.d_nope,
-                },
-                w_head: s.d_nope * s.rank,
-                w_k: s.rank,
-                w_n: 1,
-                y: RowStrides {
-                    offset: 0,
-                    row: h * q_row,
-                    head: q_row,
-                },
+        let absorb = HeadMatmul {
+            rows: t,
+            heads: h,
+            inner: s.d_nope,
+            n_out: s.rank,
+            x: RowStrides {
+                offset: 0,
+                row: h * s.d_nope,
+                head: s.d_nope,
             },
-            io.q_nope,
-            weights.w_uk(),
-            &self.q_cat,
-        )?;
+            w_head: s.d_nope * s.rank,
+            w_k: s.rank,
+            w_n: 1,
+            y: RowStrides {
+                offset: 0,
+                row: h * q_row,
+                head: q_row,
+            },
+        }
+        .prepare(ctx, io.q_nope, weights.w_uk(), &self.q_cat)?;
         // q_pe into columns rank.. of q_cat.
-        strided_copy(
-            ctx,
-            &StridedCopy {
-                rows: t,
-                heads: h,
-                n: s.d_rope,
-                src: RowStrides {
-                    offset: 0,
-                    row: h * s.d_rope,
-                    head: s.d_rope,
-                },
-                dst: RowStrides {
-                    offset: s.rank,
-                    row: h * q_row,
-                    head: q_row,
-                },
+        let rope = StridedCopy {
+            rows: t,
+            heads: h,
+            n: s.d_rope,
+            src: RowStrides {
+                offset: 0,
+                row: h * s.d_rope,
+                head: s.d_rope,
             },
-            io.q_pe,
-            &self.q_cat,
-        )?;
-        self.attention
-            .run(ctx, cache.cache(), layer, &self.q_cat, &self.o_lat, io.lse)?;
+            dst: RowStrides {
+                offset: s.rank,
+                row: h * q_row,
+                head: q_row,
+            },
+        }
+        .prepare(ctx, io.q_pe, &self.q_cat)?;
         // out[t, h, v] = sum_r o_lat[t, h, r] W_UV[h, r, v].
-        head_matmul(
-            ctx,
-            &HeadMatmul {
-                rows: t,
-                heads: h,
-                inner: s.rank,
-                n_out: s.d_v,
-                x: RowStrides {
-                    offset: 0,
-                    row: h * s.rank,
-                    head: s.rank,
-                },
-                w_head: s.rank * s.d_v,
-                w_k: s.d_v,
-                w_n: 1,
-                y: RowStrides {
-                    offset: 0,
-                    row: h * s.d_v,
-                    head: s.d_v,
-                },
+        let up = HeadMatmul {
+            rows: t,
+            heads: h,
+            inner: s.rank,
+            n_out: s.d_v,
+            x: RowStrides {
+                offset: 0,
+                row: h * s.rank,
+                head: s.rank,
             },
-            &self.o_lat,
-            weights.w_uv(),
-            io.out,
-        )
+            w_head: s.rank * s.d_v,
+            w_k: s.d_v,
+            w_n: 1,
+            y: RowStrides {
+                offset: 0,
+                row: h * s.d_v,
+                head: s.d_v,
+            },
+        }
+        .prepare(ctx, &self.o_lat, weights.w_uv(), io.out)?;
+        absorb.encode(pass);
+        rope.encode(pass);
+        self.attention.encode(
+            ctx,
+            pass,
+            &AttentionIo {
+                cache: cache.cache(),
+                layer,
+                q: self.q_cat.as_entire_buffer_binding(),
+                out: self.o_lat.as_entire_buffer_binding(),
+                lse: io.lse.as_entire_buffer_binding(),
+            },
+        )?;
+        up.encode(pass);
+        Ok(())
     }
 }

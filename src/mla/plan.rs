@@ -153,11 +153,54 @@ impl MlaPlan {
         self.total_q
     }
 
+    /// Records the batch on `layer` of `cache` (the cache the plan was made from) with that
+    /// layer's `weights` into `pass`, reading and writing the buffers of `io`; nothing is
+    /// submitted. Both paths record into the one pass (the up-projection path's chunks share a
+    /// scratch pair, in dispatch order).
+    ///
+    /// # Errors
+    /// Checked before anything is recorded: [`Error::InvalidArgument`] for weights of another
+    /// shape, a layer the cache lacks, or an `io` buffer without `STORAGE` usage;
+    /// [`Error::ShapeMismatch`] for an `io` buffer smaller than the batch. The plan's own
+    /// scratch and row lists need no check; a device-level refusal ([`Error::Gpu`]) of a bind
+    /// group made while recording may leave `pass` partly recorded: drop its encoder then.
+    pub fn encode(
+        &self,
+        ctx: &Context,
+        pass: &mut wgpu::ComputePass<'_>,
+        cache: &MlaCache,
+        layer: usize,
+        weights: &MlaWeights,
+        io: &MlaIo,
+    ) -> Result<()> {
+        self.check(cache, layer, weights, io)?;
+        match &self.inner {
+            Inner::Absorbed(p) => p.encode(ctx, pass, cache, layer, weights, io),
+            Inner::UpProj(p) => p.encode(ctx, pass, cache, layer, weights, io),
+        }
+    }
+
     /// Runs the batch on `layer` of `cache` (the cache the plan was made from) with that layer's
-    /// `weights`, reading and writing the buffers of `io`.
+    /// `weights`, reading and writing the buffers of `io`: [`encode`](Self::encode) into a
+    /// compute pass of its own, submitted (one submission; nothing is submitted on error).
     pub fn run(
         &self,
         ctx: &Context,
+        cache: &MlaCache,
+        layer: usize,
+        weights: &MlaWeights,
+        io: &MlaIo,
+    ) -> Result<()> {
+        self.check(cache, layer, weights, io)?;
+        ctx.run_pass("mla", |pass| {
+            self.encode(ctx, pass, cache, layer, weights, io)
+        })?;
+        Ok(())
+    }
+
+    /// The checks of [`encode`](Self::encode) on the caller's arguments.
+    fn check(
+        &self,
         cache: &MlaCache,
         layer: usize,
         weights: &MlaWeights,
@@ -176,10 +219,7 @@ impl MlaPlan {
         check_storage("out buffer", io.out, rows * s.d_v)?;
         check_storage("lse buffer", io.lse, rows)?;
         cache.cache().layer(layer)?;
-        match &self.inner {
-            Inner::Absorbed(p) => p.run(ctx, cache, layer, weights, io),
-            Inner::UpProj(p) => p.run(ctx, cache, layer, weights, io),
-        }
+        Ok(())
     }
 }
 

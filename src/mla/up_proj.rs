@@ -10,9 +10,9 @@
 //! boundaries, so the chunks' partial states are merged once, in key order, at the end.
 
 use super::cache::MlaCache;
-use super::head_matmul::{head_matmul, HeadMatmul, RowStrides};
+use super::head_matmul::{HeadMatmul, RowStrides};
 use super::plan::{MlaArgs, MlaIo};
-use super::strided_copy::{strided_copy, StridedCopy};
+use super::strided_copy::StridedCopy;
 use super::weights::MlaWeights;
 use crate::attention::paged::{
     KvGeometry, PagedAttentionArgs, PagedAttentionPlan, SeqSpec, SPLIT_TOKENS,
@@ -21,7 +21,7 @@ use crate::attention::{AttentionOptions, AttentionShape};
 use crate::cache::pool::{PoolLayout, TensorScale};
 use crate::gpu::Context;
 use crate::problem::MlaShape;
-use crate::quant::dequant::dequantize_gather;
+use crate::quant::dequant::encode_dequantize_gather;
 use crate::quant::{KvDtype, ScaleMode};
 use crate::{Error, Result};
 
@@ -191,9 +191,18 @@ impl UpProjPlan {
         })
     }
 
-    pub(crate) fn run(
+    /// Records the path into `pass`, chunk after chunk of keys: the joined queries, then per
+    /// chunk the latent rows' decoding, the expansion to K and V and the attention over them,
+    /// then the merge of every chunk's partial states; nothing is submitted. The chunks share
+    /// one scratch K/V pair: the dispatches of one pass run in order, each seeing the writes of
+    /// the ones before. The projections and copies of every chunk are checked and their bind
+    /// groups made first; the decoding (row lists the plan made) and the attention plan (the
+    /// plan's scratch and `io.out`/`io.lse`, which [`MlaPlan::encode`](super::MlaPlan::encode)
+    /// checked before) make theirs as they record.
+    pub(crate) fn encode(
         &self,
         ctx: &Context,
+        pass: &mut wgpu::ComputePass<'_>,
         cache: &MlaCache,
         layer: usize,
         weights: &MlaWeights,
@@ -206,13 +215,13 @@ impl UpProjPlan {
         let (k_layout, v_layout) = (config.k_layout_of(layer), config.v_layout_of(layer));
         let pools = cache.cache().layer(layer)?;
         // q = [q_nope ; q_pe] per head.
+        let mut queries = Vec::with_capacity(2);
         for (src, n, offset, row) in [
             (io.q_nope, s.d_nope, 0, s.d_nope),
             (io.q_pe, s.d_rope, s.d_nope, s.d_rope),
         ] {
-            strided_copy(
-                ctx,
-                &StridedCopy {
+            queries.push(
+                StridedCopy {
                     rows: t,
                     heads: h,
                     n,
@@ -226,107 +235,110 @@ impl UpProjPlan {
                         row: h * dq,
                         head: dq,
                     },
-                },
-                src,
-                &self.q_cat,
-            )?;
+                }
+                .prepare(ctx, src, &self.q_cat)?,
+            );
         }
         let k_rows = RowStrides {
             offset: 0,
             row: h * dq,
             head: dq,
         };
-        for (b, gather) in self.gathers.iter().enumerate() {
+        let latent = RowStrides {
+            offset: 0,
+            row: s.rank,
+            head: 0,
+        };
+        let mut expansions = Vec::with_capacity(self.gathers.len());
+        for b in 0..self.gathers.len() {
             let rows = self.chunk.min(self.total_k - b * self.chunk);
+            // K_nope[t, h, n] = sum_r c_kv[t, r] W_UK[h, n, r], into columns 0..d_nope.
+            let k_nope = HeadMatmul {
+                rows,
+                heads: h,
+                inner: s.rank,
+                n_out: s.d_nope,
+                x: latent,
+                w_head: s.d_nope * s.rank,
+                w_k: 1,
+                w_n: s.rank,
+                y: k_rows,
+            }
+            .prepare(ctx, &self.c_kv, weights.w_uk(), &self.k_exp)?;
+            // k_pe, shared by every head, into columns d_nope..
+            let k_pe = StridedCopy {
+                rows,
+                heads: h,
+                n: s.d_rope,
+                src: RowStrides {
+                    offset: 0,
+                    row: s.d_rope,
+                    head: 0,
+                },
+                dst: RowStrides {
+                    offset: s.d_nope,
+                    ..k_rows
+                },
+            }
+            .prepare(ctx, &self.k_pe, &self.k_exp)?;
+            // V[t, h, v] = sum_r c_kv[t, r] W_UV[h, r, v].
+            let v = HeadMatmul {
+                rows,
+                heads: h,
+                inner: s.rank,
+                n_out: s.d_v,
+                x: latent,
+                w_head: s.rank * s.d_v,
+                w_k: s.d_v,
+                w_n: 1,
+                y: RowStrides {
+                    offset: 0,
+                    row: h * s.d_v,
+                    head: s.d_v,
+                },
+            }
+            .prepare(ctx, &self.c_kv, weights.w_uv(), &self.v_exp)?;
+            expansions.push((k_nope, k_pe, v));
+        }
+        for copy in &queries {
+            copy.encode(pass);
+        }
+        for (b, (gather, (k_nope, k_pe, v))) in self.gathers.iter().zip(&expansions).enumerate() {
             for (buffer, pairs) in gather {
-                dequantize_gather(
+                encode_dequantize_gather(
                     ctx,
+                    pass,
                     &pools.k.buffers()[*buffer],
                     &k_layout,
                     pairs,
                     &self.c_kv,
                 )?;
-                dequantize_gather(
+                encode_dequantize_gather(
                     ctx,
+                    pass,
                     &pools.v.buffers()[*buffer],
                     &v_layout,
                     pairs,
                     &self.k_pe,
                 )?;
             }
-            let latent = RowStrides {
-                offset: 0,
-                row: s.rank,
-                head: 0,
-            };
-            // K_nope[t, h, n] = sum_r c_kv[t, r] W_UK[h, n, r], into columns 0..d_nope.
-            head_matmul(
+            k_nope.encode(pass);
+            k_pe.encode(pass);
+            v.encode(pass);
+            self.attention.encode_attend_buffer(
                 ctx,
-                &HeadMatmul {
-                    rows,
-                    heads: h,
-                    inner: s.rank,
-                    n_out: s.d_nope,
-                    x: latent,
-                    w_head: s.d_nope * s.rank,
-                    w_k: 1,
-                    w_n: s.rank,
-                    y: k_rows,
-                },
-                &self.c_kv,
-                weights.w_uk(),
-                &self.k_exp,
-            )?;
-            // k_pe, shared by every head, into columns d_nope..
-            strided_copy(
-                ctx,
-                &StridedCopy {
-                    rows,
-                    heads: h,
-                    n: s.d_rope,
-                    src: RowStrides {
-                        offset: 0,
-                        row: s.d_rope,
-                        head: 0,
-                    },
-                    dst: RowStrides {
-                        offset: s.d_nope,
-                        ..k_rows
-                    },
-                },
-                &self.k_pe,
-                &self.k_exp,
-            )?;
-            // V[t, h, v] = sum_r c_kv[t, r] W_UV[h, r, v].
-            head_matmul(
-                ctx,
-                &HeadMatmul {
-                    rows,
-                    heads: h,
-                    inner: s.rank,
-                    n_out: s.d_v,
-                    x: latent,
-                    w_head: s.rank * s.d_v,
-                    w_k: s.d_v,
-                    w_n: 1,
-                    y: RowStrides {
-                        offset: 0,
-                        row: h * s.d_v,
-                        head: s.d_v,
-                    },
-                },
-                &self.c_kv,
-                weights.w_uv(),
-                &self.v_exp,
-            )?;
-            self.attention.attend_buffer(
-                ctx,
+                pass,
                 b,
                 (&self.k_exp, &self.v_exp),
                 (&self.unit_scale, &self.unit_scale),
-                &self.q_cat,
+                &self.q_cat.as_entire_buffer_binding(),
             )?;
         }
-        self.attention.merge_into(ctx, io.out, io.lse)
+        self.attention.encode_merge(
+            ctx,
+            pass,
+            &io.out.as_entire_buffer_binding(),
+            &io.lse.as_entire_buffer_binding(),
+        )
     }
 }
