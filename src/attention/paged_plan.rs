@@ -668,7 +668,18 @@ impl PagedAttentionPlan {
                 binding.offset
             )));
         }
-        let size = binding.size.map_or(total - binding.offset, NonZeroU64::get);
+        // Without a size, the rest of the buffer, up to the largest binding the device takes
+        // (a large arena is bound from the offset, not whole).
+        let limit = ctx.device.limits().max_storage_buffer_binding_size / 4 * 4;
+        let size = binding
+            .size
+            .map_or((total - binding.offset).min(limit), NonZeroU64::get);
+        if size > limit {
+            return Err(Error::InvalidArgument(format!(
+                "{what} binding of {size} bytes exceeds the device's {limit}-byte storage binding \
+                 limit"
+            )));
+        }
         if binding
             .offset
             .checked_add(size)
