@@ -9,6 +9,12 @@
 //! It also counts the step's FLOPs (a multiply-add is 2): the matrix products and attention's
 //! two products over the keys each query sees; the elementwise work (norms, RoPE, SwiGLU,
 //! softmax) is left out, as usual.
+//!
+//! A step is one submission ([`Decoder::encode_step`] records it into one compute pass of an
+//! encoder; [`Decoder::forward_with`] submits it and reads the logits back). The decoder keeps
+//! what a step records (prepared kernels with their bind groups, the append and attention
+//! plans, the logits buffer and its staging) for the last two step shapes, so a decode step
+//! with the batch shape of the previous one creates no buffer and no bind group.
 
 use crate::attention::paged::PagedQuery;
 use crate::attention::paged_plan::{AttentionIo, PagedAttentionPlan, PlanCapacity, PlanSpec};
@@ -472,6 +478,17 @@ impl Decoder {
     /// The model's shape.
     pub fn config(&self) -> &DecoderConfig {
         &self.config
+    }
+
+    /// Drops the activations and prepared steps the decoder keeps between steps (they hold
+    /// bindings of the caches they ran on, and so those caches' pools, until a step of another
+    /// shape replaces them). The next step makes them anew.
+    pub fn clear_steps(&self) {
+        let mut steps = self.steps.lock().unwrap_or_else(|poisoned| {
+            self.steps.clear_poison();
+            poisoned.into_inner()
+        });
+        *steps = StepCache::default();
     }
 
     /// One step: appends each sequence's new tokens (`batch[i] = (seq, tokens)`, at least one

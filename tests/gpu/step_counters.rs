@@ -201,6 +201,19 @@ fn warm_steps_of_two_shapes_and_all_logits_create_nothing() {
     let cold_last = cold
         .forward(&ctx, &mut fresh, &[(0, &ids[at - 1..at])])
         .unwrap();
+    // Dropping what the decoder keeps makes the next step build it again.
+    model.clear_steps();
+    let (_, counters) = counted(
+        &ctx,
+        &model,
+        &mut cache,
+        &[(0, &ids[at..at + 1])],
+        Logits::Last,
+    );
+    assert!(
+        counters.buffers_created > 0 && counters.bind_groups_created > 0,
+        "after clear_steps: {counters:?}"
+    );
     assert!(
         cold_last.logits == last,
         "chunked warm steps and a cold prefill differ"
