@@ -14,6 +14,7 @@ mod decoder_ops;
 mod gpu_errors;
 mod head_matmul;
 mod kv_load;
+mod matmul;
 mod mla;
 mod nan_semantics;
 mod paged;

@@ -6,7 +6,9 @@ use kvattn::attention::paged::PagedQuery;
 use kvattn::cache::paged::PoolSize;
 use kvattn::cache::scales::CacheScales;
 use kvattn::gpu::{AttentionKernel, Context, ContextOptions};
-use kvattn::mla::{mla_host, MlaArgs, MlaCache, MlaCacheConfig, MlaPath, MlaPlan, MlaWeights};
+use kvattn::mla::{
+    mla_host, MlaArgs, MlaCache, MlaCacheConfig, MlaIo, MlaPath, MlaPlan, MlaWeights,
+};
 use kvattn::quant::{decode_rows, per_tensor_scale, KvDtype};
 use kvattn::reference::mla::{mla, MlaBatch, MlaShape};
 use kvattn::reference::AttentionOutput;
@@ -399,5 +401,147 @@ fn absorbed_path_on_the_lanes_kernel_matches_reference() {
             &got,
             &want,
         );
+    }
+}
+
+/// The bits of the first `len` values of `buffer`.
+fn bits(ctx: &Context, buffer: &wgpu::Buffer, len: usize) -> Vec<u32> {
+    ctx.read_back::<f32>(buffer, len)
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+#[test]
+fn encode_records_both_paths_into_a_callers_pass_with_the_run_bits() {
+    // Both paths (the up-projection one in several chunks sharing one scratch pair) recorded
+    // into ONE compute pass of the caller's encoder, one submission, give mla_host's bits;
+    // bad io is refused before anything is recorded.
+    let ctx = Context::with_options(&ContextOptions {
+        max_storage_binding_cap: Some(64 << 10),
+        attention_kernel: crate::common::test_attention_kernel(),
+        ..Default::default()
+    })
+    .unwrap();
+    let shape = small_shapes()[0];
+    let b = HostMla::new(shape, &[(1, 37), (9, 40), (1, 130)], 21);
+    let cache = b.cache(&ctx, config(&shape, KvDtype::Int8, 16));
+    let weights = MlaWeights::upload(&ctx, &shape, &b.w_uk, &b.w_uv).unwrap();
+    let batch = b.queries();
+    let rows = b.q_nope.len() / shape.d_nope;
+    let qn = ctx.upload("q_nope", &b.q_nope).unwrap();
+    let qp = ctx.upload("q_pe", &b.q_pe).unwrap();
+    let paths = [(MlaPath::Absorbed, None), (MlaPath::UpProj, Some(23))];
+    let mut plans = Vec::new();
+    let mut outs = Vec::new();
+    let mut wants = Vec::new();
+    for (path, chunk) in paths {
+        let args = MlaArgs {
+            layer: 0,
+            batch: &batch,
+            shape,
+            scale: None,
+            precision: Precision::F32,
+            path,
+            up_proj_chunk: chunk,
+        };
+        wants.push(mla_host(&ctx, &cache, &weights, &args, &b.q_nope, &b.q_pe).unwrap());
+        plans.push(MlaPlan::new(&ctx, &cache, &args).unwrap());
+        outs.push((
+            ctx.filled("out", rows * shape.d_v, kvattn::gpu::UNWRITTEN)
+                .unwrap(),
+            ctx.filled("lse", rows, kvattn::gpu::UNWRITTEN).unwrap(),
+        ));
+    }
+    let io = |(out, lse): &(wgpu::Buffer, wgpu::Buffer)| -> (wgpu::Buffer, wgpu::Buffer) {
+        (out.clone(), lse.clone())
+    };
+    let before = ctx.counters();
+    let mut encoder = ctx.encoder("caller's step");
+    {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        for (plan, pair) in plans.iter().zip(&outs) {
+            let (out, lse) = io(pair);
+            plan.encode(
+                &ctx,
+                &mut pass,
+                &cache,
+                0,
+                &weights,
+                &MlaIo {
+                    q_nope: &qn,
+                    q_pe: &qp,
+                    out: &out,
+                    lse: &lse,
+                },
+            )
+            .unwrap();
+        }
+    }
+    assert_eq!(
+        ctx.counters().since(&before).submissions,
+        0,
+        "encode submits nothing"
+    );
+    ctx.submit("caller's step", encoder).unwrap();
+    for ((path, _), ((out, lse), want)) in paths.iter().zip(outs.iter().zip(&wants)) {
+        let as_bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&ctx, out, rows * shape.d_v),
+            as_bits(&want.out),
+            "{path:?} out"
+        );
+        assert_eq!(bits(&ctx, lse, rows), as_bits(&want.lse), "{path:?} lse");
+    }
+    // Bad io: refused with a typed error before anything is made or recorded.
+    let small = ctx.filled("small lse", rows - 1, 0.0f32).unwrap();
+    let (out, lse) = io(&outs[0]);
+    let uniform_only = ctx
+        .create_buffer(&wgpu::BufferDescriptor {
+            label: Some("no storage"),
+            size: (rows * shape.d_v * 4) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+        .unwrap();
+    for plan in &plans {
+        let before = ctx.counters();
+        let mut encoder = ctx.encoder("refused");
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            let too_small = MlaIo {
+                q_nope: &qn,
+                q_pe: &qp,
+                out: &out,
+                lse: &small,
+            };
+            assert!(matches!(
+                plan.encode(&ctx, &mut pass, &cache, 0, &weights, &too_small),
+                Err(Error::ShapeMismatch { .. })
+            ));
+            let no_storage = MlaIo {
+                out: &uniform_only,
+                lse: &lse,
+                ..too_small
+            };
+            assert!(matches!(
+                plan.encode(&ctx, &mut pass, &cache, 0, &weights, &no_storage),
+                Err(Error::InvalidArgument(_))
+            ));
+            let good = MlaIo {
+                lse: &lse,
+                ..too_small
+            };
+            assert!(matches!(
+                plan.encode(&ctx, &mut pass, &cache, 1, &weights, &good),
+                Err(Error::InvalidArgument(_))
+            ));
+        }
+        drop(encoder);
+        let made = ctx.counters().since(&before);
+        assert_eq!(made.buffers_created, 0, "{made:?}");
+        assert_eq!(made.bind_groups_created, 0, "{made:?}");
+        assert_eq!(made.submissions, 0, "{made:?}");
     }
 }
