@@ -142,7 +142,12 @@ fn attention_case(ctx: &Context) -> Vec<u32> {
 
 #[test]
 fn attention_on_an_application_device_matches_kvattns_own_device() {
-    let (ctx, _) = embedded(wgpu::Features::empty(), None);
+    // The same features as kvattn's own device (the f16 and subgroup variants differ in the
+    // last bits from the portable ones, legitimately).
+    let wanted =
+        wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+    let (ctx, _) = embedded(app_adapter().features() & wanted, None);
+    assert_eq!(ctx.caps().shader_f16, gpu().caps().shader_f16);
     assert_eq!(attention_case(&ctx), attention_case(gpu()));
 }
 
@@ -242,13 +247,21 @@ fn readbacks_wait_for_their_own_submission_and_reuse_their_staging() {
 
 #[test]
 fn a_buffer_of_another_device_is_refused_before_anything_is_recorded() {
-    let ctx = gpu();
-    let other = Context::with_options(&ContextOptions::default()).unwrap();
-    let foreign = other.upload("foreign", &[1.0f32; 64]).unwrap();
+    // Two devices of one application (one instance): kvattn runs on the first.
+    let adapter = app_adapter();
+    let (device, queue) = app_device(&adapter, wgpu::Features::empty(), adapter.limits());
+    let (other, _other_queue) = app_device(&adapter, wgpu::Features::empty(), adapter.limits());
+    let ctx = Context::from_wgpu(device, queue, &adapter, &ContextOptions::default()).unwrap();
+    let foreign = other.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("foreign"),
+        size: 256,
+        usage: kvattn::gpu::STORAGE,
+        mapped_at_creation: false,
+    });
     let own = ctx.upload("own", &[1.0f32; 64]).unwrap();
     let before = ctx.counters();
-    // The residual add binds (uniform, x, y): y from another device.
-    let result = kvattn::decoder::ops::add::add_in_place(ctx, 64, &own, &foreign);
+    // The residual add binds (uniform, x, y): y from the other device.
+    let result = kvattn::decoder::ops::add::add_in_place(&ctx, 64, &own, &foreign);
     assert!(matches!(result, Err(Error::Gpu(_))), "{result:?}");
     assert_eq!(
         ctx.counters().submissions,
