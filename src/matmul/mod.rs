@@ -1,15 +1,18 @@
 //! Dense matrix products on the GPU: the decoder's `y = W x` ([`Linear`]) and the strided
-//! per-head product it is built on ([`head_matmul`], which MLA also uses).
+//! per-head product it is built on ([`head_matmul`](mod@head_matmul), which MLA also uses).
 //!
 //! Each product comes in three forms: prepared once ([`Linear::prepare`],
 //! [`HeadMatmul::prepare`]: a [`PreparedMatmul`] holding its bind groups, recorded every step
 //! without creating anything), recorded into a caller's compute pass ([`Linear::encode`],
 //! [`encode_head_matmul`]), or run in a submission of its own ([`Linear::run`],
-//! [`head_matmul()`]). All three give the same bits: one kernel, one tile choice per shape.
+//! [`head_matmul::head_matmul()`]). All three give the same bits: one kernel, one tile choice
+//! per shape.
 
 pub mod head_matmul;
 
-pub use head_matmul::{encode_head_matmul, head_matmul, HeadMatmul, PreparedMatmul, RowStrides};
+// Not the function `head_matmul` itself: `matmul::head_matmul` (and its old path
+// `mla::head_matmul`) names the module alone.
+pub use head_matmul::{encode_head_matmul, HeadMatmul, PreparedMatmul, RowStrides};
 
 use crate::gpu::Context;
 use crate::Result;

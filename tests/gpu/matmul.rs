@@ -4,7 +4,8 @@
 //! input is a typed error before anything is created or recorded.
 
 use kvattn::gpu::{Context, UNWRITTEN, UNWRITTEN_BITS};
-use kvattn::matmul::{encode_head_matmul, head_matmul, HeadMatmul, Linear, RowStrides};
+use kvattn::matmul::head_matmul::head_matmul;
+use kvattn::matmul::{encode_head_matmul, HeadMatmul, Linear, RowStrides};
 use kvattn::mla::strided_copy::{encode_strided_copy, strided_copy, StridedCopy};
 use kvattn::Error;
 
@@ -27,6 +28,9 @@ fn bits(ctx: &Context, buffer: &wgpu::Buffer, len: usize) -> Vec<u32> {
         .map(|v| v.to_bits())
         .collect()
 }
+
+/// A refused product: what is wrong, the product, and the error it must give.
+type Case<'a> = (&'static str, Linear<'a>, fn(&Error) -> bool);
 
 /// A context of its own, so that no other test's work moves its counters.
 fn own_context() -> Context {
@@ -258,7 +262,7 @@ fn bad_input_is_a_typed_error_before_anything_is_made() {
         y: &y,
         y_row: 0,
     };
-    let cases: Vec<(&str, Linear, fn(&Error) -> bool)> = vec![
+    let cases: Vec<Case> = vec![
         ("y too small", Linear { y: &small, ..good }, |e| {
             matches!(e, Error::ShapeMismatch { .. })
         }),
