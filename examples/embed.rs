@@ -213,11 +213,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             let want = kvattn::reference::attention(&batch, &shape, &options)?;
             for (a, b) in got.iter().zip(&want.out) {
-                worst = worst.max((a - b).abs());
+                let d = (a - b).abs();
+                // A NaN anywhere makes the whole check fail (f32::max would skip it).
+                worst = if d.is_nan() || worst.is_nan() {
+                    f32::NAN
+                } else {
+                    worst.max(d)
+                };
             }
         }
         println!("step {step}: max |GPU - CPU reference| over both layers: {worst:.2e}");
-        if !(worst < 1e-4) {
+        if worst.is_nan() || worst >= 1e-4 {
             return Err(format!("the GPU result differs from the reference by {worst}").into());
         }
         if step > 0 && (used.buffers_created, used.bind_groups_created) != (0, 0) {

@@ -929,34 +929,6 @@ impl PagedAttentionPlan {
         Ok(())
     }
 
-    /// Runs the batch on one layer's pools and submits (one submission): see
-    /// [`encode`](Self::encode). Kept for crate callers that bind pools of their own.
-    #[allow(dead_code)]
-    pub(crate) fn run_on(
-        &self,
-        ctx: &Context,
-        pools: &[(&wgpu::Buffer, &wgpu::Buffer)],
-        scales: (&wgpu::Buffer, &wgpu::Buffer),
-        q: &wgpu::Buffer,
-        out: &wgpu::Buffer,
-        lse: &wgpu::Buffer,
-    ) -> Result<()> {
-        ctx.run_pass("paged attention", |pass| {
-            self.encode_on(
-                ctx,
-                pass,
-                pools,
-                scales,
-                (
-                    &q.as_entire_buffer_binding(),
-                    &out.as_entire_buffer_binding(),
-                    &lse.as_entire_buffer_binding(),
-                ),
-            )
-        })?;
-        Ok(())
-    }
-
     /// Records the work items whose keys lie in pool buffer `buffer`, bound as `pools` (K, V):
     /// their partial states, for [`encode_merge`](Self::encode_merge) once every buffer is done.
     pub(crate) fn encode_attend_buffer(
@@ -984,30 +956,6 @@ impl PagedAttentionPlan {
         Ok(())
     }
 
-    /// [`encode_attend_buffer`](Self::encode_attend_buffer) in a submission of its own: the
-    /// buffers' contents need to stay only until this call is submitted, so one scratch pair
-    /// can serve every buffer in turn.
-    pub(crate) fn attend_buffer(
-        &self,
-        ctx: &Context,
-        buffer: usize,
-        pools: (&wgpu::Buffer, &wgpu::Buffer),
-        scales: (&wgpu::Buffer, &wgpu::Buffer),
-        q: &wgpu::Buffer,
-    ) -> Result<()> {
-        ctx.run_pass("paged attention", |pass| {
-            self.encode_attend_buffer(
-                ctx,
-                pass,
-                buffer,
-                pools,
-                scales,
-                &q.as_entire_buffer_binding(),
-            )
-        })?;
-        Ok(())
-    }
-
     /// Records the merge of every item's partial state into `out` and `lse`.
     pub(crate) fn encode_merge(
         &self,
@@ -1024,24 +972,6 @@ impl PagedAttentionPlan {
         let prepared = self.prepare_merge(ctx, &out, &lse)?;
         self.gate.record("a paged attention plan")?;
         prepared.encode(pass);
-        Ok(())
-    }
-
-    /// [`encode_merge`](Self::encode_merge) in a submission of its own.
-    pub(crate) fn merge_into(
-        &self,
-        ctx: &Context,
-        out: &wgpu::Buffer,
-        lse: &wgpu::Buffer,
-    ) -> Result<()> {
-        ctx.run_pass("attention merge", |pass| {
-            self.encode_merge(
-                ctx,
-                pass,
-                &out.as_entire_buffer_binding(),
-                &lse.as_entire_buffer_binding(),
-            )
-        })?;
         Ok(())
     }
 

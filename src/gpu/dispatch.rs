@@ -302,16 +302,3 @@ pub(crate) fn encode_dispatches(
     }
     Ok(())
 }
-
-/// [`encode_dispatches`] into one compute pass of its own, submitted.
-pub(crate) fn submit_dispatches(
-    ctx: &Context,
-    label: &str,
-    pipeline: &Arc<wgpu::ComputePipeline>,
-    dispatches: Vec<(Vec<wgpu::BindingResource<'_>>, [u32; 3])>,
-) -> Result<()> {
-    ctx.run_pass(label, |pass| {
-        encode_dispatches(ctx, pass, label, pipeline, dispatches)
-    })?;
-    Ok(())
-}
