@@ -91,17 +91,19 @@ impl StepProfile {
 /// Runs `f` (one step) with its counters and device time measured: the queue is synced
 /// before it, and its compute passes carry timestamps where the adapter has them.
 pub fn profiled<T>(ctx: &Context, f: impl FnOnce() -> Result<T>) -> Result<(T, StepProfile)> {
-    let start = Instant::now();
-    let ((value, counters), timing) = ctx.timed(|| {
+    let ((value, counters, wall), timing) = ctx.timed(|| {
         let before = ctx.counters();
+        // The step alone: not the queue sync before it nor the timestamp readback after it.
+        let start = Instant::now();
         let value = f()?;
-        Ok((value, ctx.counters().since(&before)))
+        let wall = start.elapsed().as_secs_f64();
+        Ok((value, ctx.counters().since(&before), wall))
     })?;
     Ok((
         value,
         StepProfile {
             counters,
-            wall_seconds: start.elapsed().as_secs_f64(),
+            wall_seconds: wall,
             device_seconds: timing.busy_seconds,
         },
     ))

@@ -11,6 +11,7 @@ mod context;
 mod decode;
 mod decoder;
 mod decoder_ops;
+mod embedding;
 mod gpu_errors;
 mod head_matmul;
 mod kv_load;
