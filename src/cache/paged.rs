@@ -11,7 +11,7 @@ use super::allocator::{AllocatorConfig, BlockAllocator, BlockId, SeqId, SwappedS
 use std::cell::OnceCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::append_kv::{append_rows, prepare_rows, AppendRows, SourceDtype};
+use super::append_kv::{prepare_rows, AppendRows, SourceDtype};
 use super::append_plan::{check_io, AppendIo};
 use super::copy_blocks::encode_copy_blocks;
 use super::pool::{BlockPool, LayerPools, PoolLayout};
@@ -445,14 +445,35 @@ impl PagedKvCache {
             .chunks(per_chunk)
             .map(|slots| AppendRows::new(ctx, &self.layers[0].k, slots))
             .collect::<Result<Vec<_>>>()?;
+        // One submission per layer: every chunk's K and V rows.
         for (layer, pools) in self.layers.iter().enumerate() {
+            let mut dispatches = Vec::new();
             for (i, rows) in chunks.iter().enumerate() {
                 let start = i * per_chunk;
                 let end = (start + per_chunk).min(batch.slots.len());
                 let kb = ctx.upload("new k", &k[layer][start * kr..end * kr])?;
                 let vb = ctx.upload("new v", &v[layer][start * vr..end * vr])?;
-                append_rows(ctx, &pools.k, &kb, SourceDtype::F32, rows)?;
-                append_rows(ctx, &pools.v, &vb, SourceDtype::F32, rows)?;
+                let f32 = SourceDtype::F32;
+                dispatches.extend(prepare_rows(
+                    ctx,
+                    &pools.k,
+                    kb.as_entire_buffer_binding(),
+                    f32,
+                    rows,
+                )?);
+                dispatches.extend(prepare_rows(
+                    ctx,
+                    &pools.v,
+                    vb.as_entire_buffer_binding(),
+                    f32,
+                    rows,
+                )?);
+            }
+            if !dispatches.is_empty() {
+                ctx.run_pass("append_host", |pass| {
+                    dispatches.iter().for_each(|d| d.encode(pass));
+                    Ok(())
+                })?;
             }
         }
         Ok(())
