@@ -12,7 +12,7 @@
 //! Two kernels run the same plan and write the same partial states: `paged.wgsl` (a workgroup
 //! per work item and KV head, for GPUs) and `paged_lanes.wgsl` (an invocation per work item and
 //! KV head, for CPU-backed adapters, written out per shape by [`super::paged_lanes`]). The
-//! context's [`AttentionKernel`] chooses; head dims past the lanes kernel's 256 take the
+//! context's [`AttentionKernel`](crate::gpu::AttentionKernel) chooses; head dims past the lanes kernel's 256 take the
 //! workgroup kernel.
 //!
 //! Splits depend only on a sequence's own length and block table, never on the rest of the

@@ -241,7 +241,7 @@ impl BlockPool {
 
     /// Copies `blocks` to the host, in the given order: `blocks.len() * block_words` words. One
     /// submission (the block copies gathered into a staging buffer, then copied into a
-    /// [`Readback`](crate::gpu::Readback)), then a wait on that submission only.
+    /// [`Readback`]), then a wait on that submission only.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when a block lies outside the pool (nothing submitted);

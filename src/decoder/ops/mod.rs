@@ -10,7 +10,7 @@
 //! Each kernel is one `.rs` here and one `.wgsl` of the same name in `shaders/`; its CPU
 //! reference is in [`crate::reference::ops`]. Every entry point checks all of its arguments
 //! (positive dimensions that fit a u32, storage buffers large enough, outputs distinct from
-//! inputs) and returns a typed [`Error`] before anything is dispatched.
+//! inputs) and returns a typed [`Error`](crate::Error) before anything is dispatched.
 //!
 //! Buffers may be larger than one storage binding: the kernels bind them in slices (from
 //! offsets aligned to `min_storage_buffer_offset_alignment`) and dispatch once per slice, in one
