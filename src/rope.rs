@@ -305,35 +305,7 @@ fn check_bound(
     binding: &wgpu::BufferBinding<'_>,
     bytes: u64,
 ) -> Result<()> {
-    let buffer = binding.buffer;
-    if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-        return Err(Error::InvalidArgument(format!(
-            "{what} was not created with STORAGE usage"
-        )));
-    }
-    let align = offset_alignment(ctx);
-    if binding.offset % align != 0 {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: offset {} is not a multiple of the device's storage offset alignment \
-             ({align} bytes)",
-            binding.offset
-        )));
-    }
-    let rest = buffer.size().checked_sub(binding.offset).ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "{what}: offset {} is past the end of a {}-byte buffer",
-            binding.offset,
-            buffer.size()
-        ))
-    })?;
-    let size = binding.size.map_or(rest, NonZeroU64::get);
-    if size > rest {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: {size} bytes at {} pass the end of a {}-byte buffer",
-            binding.offset,
-            buffer.size()
-        )));
-    }
+    let size = crate::gpu::dispatch::check_binding_place(ctx, what, binding)?;
     if size < bytes {
         return Err(Error::ShapeMismatch {
             what,

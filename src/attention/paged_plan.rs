@@ -648,46 +648,20 @@ impl PagedAttentionPlan {
         elems: usize,
     ) -> Result<Bound> {
         let buffer = binding.buffer;
-        if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-            return Err(Error::InvalidArgument(format!(
-                "{what} buffer was not created with STORAGE usage"
-            )));
-        }
-        let align = crate::gpu::dispatch::offset_alignment(ctx);
-        if binding.offset % align != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{what} binding offset {} is not a multiple of the device's storage offset \
-                 alignment {align}",
-                binding.offset
-            )));
-        }
-        let total = buffer.size();
-        if binding.offset > total {
-            return Err(Error::InvalidArgument(format!(
-                "{what} binding offset {} is past the end of a {total}-byte buffer",
-                binding.offset
-            )));
-        }
+        let size =
+            crate::gpu::dispatch::check_binding_place(ctx, &format!("{what} buffer"), binding)?;
         // Without a size, the rest of the buffer, up to the largest binding the device takes
         // (a large arena is bound from the offset, not whole).
         let limit = ctx.device.limits().max_storage_buffer_binding_size / 4 * 4;
-        let size = binding
-            .size
-            .map_or((total - binding.offset).min(limit), NonZeroU64::get);
+        let size = if binding.size.is_none() {
+            size.min(limit)
+        } else {
+            size
+        };
         if size > limit {
             return Err(Error::InvalidArgument(format!(
                 "{what} binding of {size} bytes exceeds the device's {limit}-byte storage binding \
                  limit"
-            )));
-        }
-        if binding
-            .offset
-            .checked_add(size)
-            .is_none_or(|end| end > total)
-        {
-            return Err(Error::InvalidArgument(format!(
-                "{what} binding of {size} bytes at {} passes the end of a {total}-byte buffer",
-                binding.offset
             )));
         }
         let bytes = (elems as u64).saturating_mul(4);

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::append_kv::{append_pipeline, AppendParams, SourceDtype};
 use super::paged::{AppendBatch, PagedKvCache};
 use super::pool::BlockPool;
-use crate::gpu::dispatch::{fit_u32, offset_alignment};
+use crate::gpu::dispatch::fit_u32;
 use crate::gpu::{Context, UpdateGate};
 use crate::{Error, Result};
 
@@ -49,42 +49,7 @@ pub(crate) fn check_storage_binding(
     binding: &wgpu::BufferBinding<'_>,
     needed: u64,
 ) -> Result<u64> {
-    let buffer = binding.buffer;
-    if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-        return Err(Error::InvalidArgument(format!(
-            "{what} was not created with STORAGE usage"
-        )));
-    }
-    let align = offset_alignment(ctx);
-    if binding.offset % align != 0 {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: offset {} is not a multiple of the device's storage offset alignment \
-             ({align} bytes)",
-            binding.offset
-        )));
-    }
-    if binding.offset > buffer.size() {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: offset {} is past the end of a {}-byte buffer",
-            binding.offset,
-            buffer.size()
-        )));
-    }
-    let size = match binding.size {
-        Some(size) => size.get(),
-        None => buffer.size() - binding.offset,
-    };
-    if binding
-        .offset
-        .checked_add(size)
-        .is_none_or(|end| end > buffer.size())
-    {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: {size} bytes at {} pass the end of a {}-byte buffer",
-            binding.offset,
-            buffer.size()
-        )));
-    }
+    let size = crate::gpu::dispatch::check_binding_place(ctx, what, binding)?;
     if size % 4 != 0 {
         return Err(Error::InvalidArgument(format!(
             "{what}: a binding of {size} bytes is not a multiple of 4 bytes"

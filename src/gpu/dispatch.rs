@@ -302,3 +302,43 @@ pub(crate) fn encode_dispatches(
     }
     Ok(())
 }
+
+/// What every storage binding a caller hands in must satisfy: `STORAGE` usage, an offset that
+/// is a multiple of the device's storage-offset alignment, and a range inside the buffer.
+/// Returns the bound size in bytes: the binding's size, or (without one) the rest of the buffer
+/// from the offset. [`Error::InvalidArgument`] names `what` otherwise.
+pub(crate) fn check_binding_place(
+    ctx: &Context,
+    what: &str,
+    binding: &wgpu::BufferBinding<'_>,
+) -> Result<u64> {
+    let buffer = binding.buffer;
+    if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+        return Err(Error::InvalidArgument(format!(
+            "{what} was not created with STORAGE usage"
+        )));
+    }
+    let align = offset_alignment(ctx);
+    if binding.offset % align != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: offset {} is not a multiple of the device's storage offset alignment \
+             ({align} bytes)",
+            binding.offset
+        )));
+    }
+    let total = buffer.size();
+    let rest = total.checked_sub(binding.offset).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{what}: offset {} is past the end of a {total}-byte buffer",
+            binding.offset
+        ))
+    })?;
+    let size = binding.size.map_or(rest, NonZeroU64::get);
+    if size > rest {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: {size} bytes at {} pass the end of a {total}-byte buffer",
+            binding.offset
+        )));
+    }
+    Ok(size)
+}
