@@ -575,6 +575,12 @@ impl PagedAttentionPlan {
         self.step.num_items
     }
 
+    /// Whether [`update`](Self::update) may run now (see [`UpdateGate`]): false after the plan
+    /// was recorded until a submission follows.
+    pub fn may_update(&self, ctx: &Context) -> bool {
+        self.gate.may_update(ctx)
+    }
+
     /// The capacity the plan's workspace was made for.
     pub fn capacity(&self) -> PlanCapacity {
         self.capacity

@@ -275,6 +275,12 @@ impl AppendPlan {
         })
     }
 
+    /// Whether [`update`](Self::update) may run now (see [`UpdateGate`]): false after the plan
+    /// was recorded until a submission follows.
+    pub fn may_update(&self, ctx: &Context) -> bool {
+        self.gate.may_update(ctx)
+    }
+
     /// Most rows one step may append.
     pub fn capacity(&self) -> usize {
         self.max_rows

@@ -408,8 +408,6 @@ struct Step {
     append: AppendPlan,
     /// FLOPs of the step's matrix products.
     matmul_flops: u64,
-    /// The context's submission count when the step was last recorded.
-    recorded_at: Option<u64>,
 }
 
 /// A decoder's step resources: the shared activations and the prepared steps, most recently
@@ -629,13 +627,11 @@ impl Decoder {
         }
         let s = st.scratch.as_ref().expect("made above");
         let pool_blocks = cache.allocator().num_blocks();
-        let submissions = ctx.counters().submissions;
         // A step recorded into an encoder that was never submitted leaves its plans waiting for
         // a submission: such a step is made anew rather than refused after the allocation.
-        let known = st
-            .steps
-            .iter()
-            .position(|p| p.shape == shape && p.recorded_at != Some(submissions));
+        let known = st.steps.iter().position(|p| {
+            p.shape == shape && p.attention.may_update(ctx) && p.append.may_update(ctx)
+        });
         st.steps.retain(|p| p.shape != shape || known.is_some());
         let mut step = match known {
             Some(i) => st.steps.remove(i),
@@ -665,7 +661,6 @@ impl Decoder {
         }
         let bytes = (rows * c.vocab * 4) as u64;
         step.readback.encode_copy(encoder, &step.logits, 0, bytes)?;
-        step.recorded_at = Some(ctx.counters().submissions);
         let pending = PendingStep {
             readback: Arc::clone(&step.readback),
             len: rows * c.vocab,
@@ -861,17 +856,7 @@ impl Decoder {
                 },
             )?,
             layers,
-            final_norm: prepare_rms_norm(
-                ctx,
-                &RmsNormArgs {
-                    rows: t,
-                    dim: d,
-                    eps: c.rms_eps,
-                    x: &s.x,
-                    weight: &self.final_norm,
-                    out: &s.h,
-                },
-            )?,
+            final_norm: prepare_rms_norm(ctx, &norm(&self.final_norm, &s.h))?,
             head,
             readback: Arc::new(Readback::new(
                 ctx,
@@ -882,7 +867,6 @@ impl Decoder {
             attention: self.attention_plan(ctx, cache, &shape, blocks)?,
             append: AppendPlan::with_capacity(ctx, cache, t)?,
             matmul_flops: flops,
-            recorded_at: None,
             shape,
         })
     }

@@ -26,9 +26,7 @@ impl UpdateGate {
     /// Checks that `what` may be updated now: [`Error::InvalidArgument`] when it was recorded
     /// since its last update and no submission followed (nothing is written then).
     pub fn check_update(&self, ctx: &Context, what: &str) -> Result<()> {
-        if self.recorded.load(Ordering::Acquire)
-            && ctx.counters().submissions == self.updated_at.load(Ordering::Acquire)
-        {
+        if !self.may_update(ctx) {
             return Err(Error::InvalidArgument(format!(
                 "{what} was updated twice without a submission in between: the writes of an \
                  update land at the next submission, so the work recorded after the first update \
@@ -36,6 +34,13 @@ impl UpdateGate {
             )));
         }
         Ok(())
+    }
+
+    /// Whether an update is allowed now: not recorded since the last update, or a submission
+    /// has followed.
+    pub fn may_update(&self, ctx: &Context) -> bool {
+        !self.recorded.load(Ordering::Acquire)
+            || ctx.counters().submissions != self.updated_at.load(Ordering::Acquire)
     }
 
     /// Notes a successful update.

@@ -92,19 +92,11 @@ impl AbsorbedPlan {
             heads: h,
             inner: s.d_nope,
             n_out: s.rank,
-            x: RowStrides {
-                offset: 0,
-                row: h * s.d_nope,
-                head: s.d_nope,
-            },
+            x: RowStrides::dense(0, h, s.d_nope),
             w_head: s.d_nope * s.rank,
             w_k: s.rank,
             w_n: 1,
-            y: RowStrides {
-                offset: 0,
-                row: h * q_row,
-                head: q_row,
-            },
+            y: RowStrides::dense(0, h, q_row),
         }
         .prepare(ctx, io.q_nope, weights.w_uk(), &self.q_cat)?;
         // q_pe into columns rank.. of q_cat.
@@ -112,16 +104,8 @@ impl AbsorbedPlan {
             rows: t,
             heads: h,
             n: s.d_rope,
-            src: RowStrides {
-                offset: 0,
-                row: h * s.d_rope,
-                head: s.d_rope,
-            },
-            dst: RowStrides {
-                offset: s.rank,
-                row: h * q_row,
-                head: q_row,
-            },
+            src: RowStrides::dense(0, h, s.d_rope),
+            dst: RowStrides::dense(s.rank, h, q_row),
         }
         .prepare(ctx, io.q_pe, &self.q_cat)?;
         // out[t, h, v] = sum_r o_lat[t, h, r] W_UV[h, r, v].
@@ -130,19 +114,11 @@ impl AbsorbedPlan {
             heads: h,
             inner: s.rank,
             n_out: s.d_v,
-            x: RowStrides {
-                offset: 0,
-                row: h * s.rank,
-                head: s.rank,
-            },
+            x: RowStrides::dense(0, h, s.rank),
             w_head: s.rank * s.d_v,
             w_k: s.d_v,
             w_n: 1,
-            y: RowStrides {
-                offset: 0,
-                row: h * s.d_v,
-                head: s.d_v,
-            },
+            y: RowStrides::dense(0, h, s.d_v),
         }
         .prepare(ctx, &self.o_lat, weights.w_uv(), io.out)?;
         absorb.encode(pass);

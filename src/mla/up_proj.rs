@@ -225,11 +225,7 @@ impl UpProjPlan {
                     rows: t,
                     heads: h,
                     n,
-                    src: RowStrides {
-                        offset: 0,
-                        row: h * row,
-                        head: row,
-                    },
+                    src: RowStrides::dense(0, h, row),
                     dst: RowStrides {
                         offset,
                         row: h * dq,
@@ -239,11 +235,7 @@ impl UpProjPlan {
                 .prepare(ctx, src, &self.q_cat)?,
             );
         }
-        let k_rows = RowStrides {
-            offset: 0,
-            row: h * dq,
-            head: dq,
-        };
+        let k_rows = RowStrides::dense(0, h, dq);
         let latent = RowStrides {
             offset: 0,
             row: s.rank,
@@ -291,11 +283,7 @@ impl UpProjPlan {
                 w_head: s.rank * s.d_v,
                 w_k: s.d_v,
                 w_n: 1,
-                y: RowStrides {
-                    offset: 0,
-                    row: h * s.d_v,
-                    head: s.d_v,
-                },
+                y: RowStrides::dense(0, h, s.d_v),
             }
             .prepare(ctx, &self.c_kv, weights.w_uv(), &self.v_exp)?;
             expansions.push((k_nope, k_pe, v));
