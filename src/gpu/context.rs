@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::counters::AtomicCounters;
-use super::record::{gpu_error, PendingScope};
+use super::record::{gpu_error, Pending};
 use crate::pipeline::PipelineCache;
 use crate::{Error, Result};
 
@@ -184,7 +184,7 @@ pub struct Context {
     health: Arc<DeviceHealth>,
     pub(crate) counters: AtomicCounters,
     /// Error scopes of submissions whose results the next sync point reports.
-    pub(crate) pending: Mutex<Vec<PendingScope>>,
+    pub(crate) pending: Mutex<Pending>,
     /// Whether kvattn opened the device (and so installed its error and loss handlers).
     owns_device: bool,
 }
@@ -475,7 +475,7 @@ impl Context {
             clock: Default::default(),
             health: Arc::new(DeviceHealth::default()),
             counters: AtomicCounters::default(),
-            pending: Mutex::new(Vec::new()),
+            pending: Mutex::new(Pending::default()),
             owns_device: false,
         })
     }

@@ -32,6 +32,49 @@ pub(crate) struct PendingScope {
     futures: Vec<ScopeFuture>,
 }
 
+/// Scopes past this many are settled as they come (those already resolved, which on native is
+/// all of them), so that an application that submits without ever syncing holds a bounded list.
+const SETTLE_AT: usize = 32;
+
+/// What the next sync point reports: scopes not looked at yet, and the first error (and how
+/// many more) among those already settled.
+#[derive(Default)]
+pub(crate) struct Pending {
+    scopes: Vec<PendingScope>,
+    caught: Option<Error>,
+    more: usize,
+}
+
+impl Pending {
+    fn catch(&mut self, what: &str, error: wgpu::Error) {
+        match self.caught {
+            None => self.caught = Some(gpu_error(what, error)),
+            Some(_) => self.more += 1,
+        }
+    }
+
+    /// Polls every scope once without waiting: resolved ones are dropped (their error kept),
+    /// unresolved ones stay.
+    fn settle_ready(&mut self) {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let scopes = std::mem::take(&mut self.scopes);
+        for mut scope in scopes {
+            let mut open = Vec::new();
+            for mut future in std::mem::take(&mut scope.futures) {
+                match future.as_mut().poll(&mut cx) {
+                    std::task::Poll::Ready(Some(e)) => self.catch(&scope.what, e),
+                    std::task::Poll::Ready(None) => {}
+                    std::task::Poll::Pending => open.push(future),
+                }
+            }
+            if !open.is_empty() {
+                scope.futures = open;
+                self.scopes.push(scope);
+            }
+        }
+    }
+}
+
 /// One dispatch prepared ahead of recording: its pipeline, bind group and grid. Recording it
 /// creates nothing; plans and the decoder keep these across steps.
 #[derive(Debug, Clone)]
@@ -82,13 +125,14 @@ impl Context {
             Box::pin(oom.pop()),
             Box::pin(internal.pop()),
         ];
-        self.pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(PendingScope {
-                what: what.to_string(),
-                futures,
-            });
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.scopes.push(PendingScope {
+            what: what.to_string(),
+            futures,
+        });
+        if pending.scopes.len() >= SETTLE_AT {
+            pending.settle_ready();
+        }
         Ok(value)
     }
 
@@ -96,20 +140,16 @@ impl Context {
     /// them caught, then the first error raised outside any scope (on a context that installed
     /// its own handler), then device loss. Never waits for the GPU to finish work.
     pub async fn check_errors_async(&self) -> Result<()> {
-        let pending =
+        let mut pending =
             std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner));
-        let mut first: Option<Error> = None;
-        let mut more = 0usize;
-        for scope in pending {
+        for scope in std::mem::take(&mut pending.scopes) {
             for future in scope.futures {
                 if let Some(e) = future.await {
-                    match first {
-                        None => first = Some(gpu_error(&scope.what, e)),
-                        Some(_) => more += 1,
-                    }
+                    pending.catch(&scope.what, e);
                 }
             }
         }
+        let (first, more) = (pending.caught, pending.more);
         self.check_lost()?;
         match first {
             Some(Error::Gpu(m)) if more > 0 => Err(Error::Gpu(format!("{m} (and {more} more)"))),

@@ -302,3 +302,26 @@ fn write_buffer_checks_usage_alignment_and_bounds() {
     ctx.write_buffer(&buf, 60, &[1, 0, 0, 0]).unwrap();
     assert_eq!(ctx.read_back::<u32>(&buf, 16).unwrap()[15], 1);
 }
+
+#[test]
+fn errors_of_many_unsynced_submissions_are_all_counted() {
+    // More submissions than the context keeps unsettled: every error still reaches the next
+    // sync point, the first by name and the rest counted.
+    let ctx = crate::common::own_context(None);
+    let data: Vec<u32> = (0..64).collect();
+    let a = ctx.upload("a", &data).unwrap();
+    let b = ctx.upload("b", &data).unwrap();
+    for i in 0..40 {
+        let mut encoder = ctx.encoder("copy past the end");
+        encoder.copy_buffer_to_buffer(&a, 0, &b, 8, 256);
+        ctx.submit(&format!("bad copy {i}"), encoder).unwrap();
+    }
+    match ctx.check_errors() {
+        Err(Error::Gpu(m)) => {
+            assert!(m.contains("bad copy 0"), "{m}");
+            assert!(m.contains("(and 39 more)"), "{m}");
+        }
+        other => panic!("expected the submissions' errors, got {other:?}"),
+    }
+    ctx.check_errors().unwrap();
+}
