@@ -104,14 +104,32 @@ pub fn test_attention_kernel() -> Option<kvattn::gpu::AttentionKernel> {
 /// pool splits over several buffers and the split path runs in every test that uses it.
 pub fn gpu_capped() -> &'static Context {
     static CTX: OnceLock<Context> = OnceLock::new();
-    CTX.get_or_init(|| {
-        Context::with_options(&kvattn::gpu::ContextOptions {
-            max_storage_binding_cap: Some(64 << 10),
-            attention_kernel: test_attention_kernel(),
-            ..Default::default()
-        })
-        .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"))
+    CTX.get_or_init(|| own_context(Some(64 << 10)))
+}
+
+/// A context of the test's own, so that its counters and errors see only that test's work;
+/// `cap` caps the storage bindings pools are planned with (pools then split over buffers).
+pub fn own_context(cap: Option<u64>) -> Context {
+    Context::with_options(&kvattn::gpu::ContextOptions {
+        max_storage_binding_cap: cap,
+        attention_kernel: test_attention_kernel(),
+        ..Default::default()
     })
+    .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"))
+}
+
+/// Every block of every pool of `cache`, K then V per layer.
+pub fn pool_words(ctx: &Context, cache: &kvattn::cache::paged::PagedKvCache) -> Vec<Vec<u32>> {
+    let blocks: Vec<u32> = (0..cache.allocator().num_blocks() as u32).collect();
+    (0..cache.config().layers)
+        .flat_map(|l| {
+            let pools = cache.layer(l).unwrap();
+            [
+                pools.k.read_blocks(ctx, &blocks).unwrap(),
+                pools.v.read_blocks(ctx, &blocks).unwrap(),
+            ]
+        })
+        .collect()
 }
 
 /// The attention options every kernel is checked with (DESIGN.md section 2), for `hq` query

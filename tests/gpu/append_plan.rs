@@ -13,21 +13,11 @@ use kvattn::cache::copy_blocks::copy_blocks;
 use kvattn::cache::paged::{AppendBatch, PagedKvCache, PagedKvConfig, PoolSize};
 use kvattn::cache::pool::{BlockPool, PoolLayout};
 use kvattn::cache::scales::CacheScales;
-use kvattn::gpu::{Context, ContextOptions};
+use kvattn::gpu::Context;
 use kvattn::quant::{encode_rows, KvDtype, ScaleMode};
 use kvattn::Error;
 
-use crate::common::Rng;
-
-/// A context of the test's own, storage bindings capped at 64 KiB.
-fn own_ctx() -> Context {
-    Context::with_options(&ContextOptions {
-        max_storage_binding_cap: Some(64 << 10),
-        attention_kernel: crate::common::test_attention_kernel(),
-        ..Default::default()
-    })
-    .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"))
-}
+use crate::common::{own_context, pool_words, Rng};
 
 fn base_config() -> PagedKvConfig {
     PagedKvConfig {
@@ -81,20 +71,6 @@ fn values(rng: &mut Rng, n: usize, src: SourceDtype) -> (Vec<u32>, Vec<f32>) {
     }
 }
 
-/// Every block of every pool, K then V per layer.
-fn pool_words(ctx: &Context, cache: &PagedKvCache) -> Vec<Vec<u32>> {
-    let blocks: Vec<u32> = (0..cache.allocator().num_blocks() as u32).collect();
-    (0..cache.config().layers)
-        .flat_map(|l| {
-            let pools = cache.layer(l).unwrap();
-            [
-                pools.k.read_blocks(ctx, &blocks).unwrap(),
-                pools.v.read_blocks(ctx, &blocks).unwrap(),
-            ]
-        })
-        .collect()
-}
-
 fn io<'a>(
     cache: &'a PagedKvCache,
     layer: usize,
@@ -146,7 +122,7 @@ fn append_plan_matches_write_layer_and_a_warm_step_creates_nothing() {
     ];
     for (name, cfg, dtype) in cases {
         eprintln!("case: {name}");
-        let ctx = own_ctx();
+        let ctx = own_context(Some(64 << 10));
         let [mut by_layer, mut by_plan] = twin_caches(&ctx, &cfg, 96);
         let max_rows = 64;
         let src = sources(&ctx, &cfg, max_rows);
@@ -268,7 +244,7 @@ fn append_plan_matches_write_layer_and_a_warm_step_creates_nothing() {
 
 #[test]
 fn append_plan_refuses_bad_input_with_typed_errors_before_recording() {
-    let ctx = own_ctx();
+    let ctx = own_context(Some(64 << 10));
     let cfg = base_config();
     let [mut cache, mut other] = twin_caches(&ctx, &cfg, 64);
     let src = sources(&ctx, &cfg, 4);
@@ -418,7 +394,7 @@ fn append_plan_refuses_bad_input_with_typed_errors_before_recording() {
 
 #[test]
 fn copy_blocks_and_copy_on_write_are_one_submission() {
-    let ctx = own_ctx();
+    let ctx = own_context(Some(64 << 10));
     let layout = PoolLayout {
         num_kv_heads: 2,
         head_dim: 64,

@@ -5,20 +5,12 @@
 use kvattn::attention::paged::{paged_attention_host, PagedAttentionArgs, PagedQuery};
 use kvattn::attention::{AttentionOptions, AttentionShape};
 use kvattn::cache::paged::{PagedKvCache, PagedKvConfig, PoolSize};
-use kvattn::gpu::{Context, ContextOptions};
+use kvattn::gpu::Context;
 use kvattn::quant::KvDtype;
 use kvattn::shader::Precision;
 use kvattn::Error;
 
-use crate::common::{test_attention_kernel, Rng};
-
-fn own_context() -> Context {
-    Context::with_options(&ContextOptions {
-        attention_kernel: test_attention_kernel(),
-        ..Default::default()
-    })
-    .unwrap()
-}
+use crate::common::{own_context, Rng};
 
 /// A raw buffer made on the device directly, outside kvattn.
 fn raw_buffer(ctx: &Context, size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
@@ -40,7 +32,7 @@ fn assert_usable(ctx: &Context) {
 
 #[test]
 fn readback_of_a_buffer_without_copy_src_is_refused_before_recording() {
-    let ctx = own_context();
+    let ctx = own_context(None);
     // STORAGE without COPY_SRC: the copy could not be recorded; it is refused up front.
     let buf = raw_buffer(&ctx, 256, wgpu::BufferUsages::STORAGE);
     let before = ctx.counters();
@@ -59,7 +51,7 @@ fn readback_of_a_buffer_without_copy_src_is_refused_before_recording() {
 
 #[test]
 fn sizes_past_the_limits_are_refused_before_allocating() {
-    let ctx = own_context();
+    let ctx = own_context(None);
     let limit = ctx.device.limits().max_storage_buffer_binding_size;
     // `filled` checks the size before building the host vector (which could be gigabytes).
     let elems = usize::try_from(limit / 4 + 1).unwrap();
@@ -94,7 +86,7 @@ fn sizes_past_the_limits_are_refused_before_allocating() {
 
 #[test]
 fn errors_outside_scopes_are_returned_by_the_next_wait_not_panics() {
-    let ctx = own_context();
+    let ctx = own_context(None);
     // MAP_READ may only be combined with COPY_DST: a validation error, raised outside any
     // scope. wgpu's default handler would panic here; the context records it instead.
     let _bad = raw_buffer(
@@ -212,7 +204,7 @@ fn assert_lost_everywhere(ctx: &Context, s: &mut Setup, buffer: &wgpu::Buffer) {
 
 #[test]
 fn device_loss_is_a_typed_error_after_a_wait() {
-    let ctx = own_context();
+    let ctx = own_context(None);
     let mut s = setup(&ctx, 40);
     let before = attend(&ctx, &s).unwrap();
     assert!(before.iter().all(|x| x.is_finite()));
@@ -224,7 +216,7 @@ fn device_loss_is_a_typed_error_after_a_wait() {
 #[test]
 fn device_loss_is_noticed_by_the_first_call_that_needs_the_device() {
     // No wait between the loss and the calls: each of these notices it on its own.
-    let ctx = own_context();
+    let ctx = own_context(None);
     let s = setup(&ctx, 20);
     ctx.device.destroy();
     assert!(matches!(
@@ -232,7 +224,7 @@ fn device_loss_is_noticed_by_the_first_call_that_needs_the_device() {
         Err(Error::DeviceLost(_))
     ));
 
-    let ctx = own_context();
+    let ctx = own_context(None);
     let s2 = setup(&ctx, 20);
     let buffer = ctx.upload("kept", &[3u32; 16]).unwrap();
     ctx.device.destroy();
@@ -241,7 +233,7 @@ fn device_loss_is_noticed_by_the_first_call_that_needs_the_device() {
         Err(Error::DeviceLost(_))
     ));
 
-    let ctx = own_context();
+    let ctx = own_context(None);
     let s3 = setup(&ctx, 20);
     ctx.device.destroy();
     assert!(matches!(attend(&ctx, &s3), Err(Error::DeviceLost(_))));

@@ -9,7 +9,7 @@ use kvattn::matmul::{encode_head_matmul, HeadMatmul, Linear, RowStrides};
 use kvattn::mla::strided_copy::{encode_strided_copy, strided_copy, StridedCopy};
 use kvattn::Error;
 
-use crate::common::{gpu, gpu_capped, Rng};
+use crate::common::{gpu, gpu_capped, own_context, Rng};
 
 /// Records `f` into one compute pass of a caller's encoder and submits it.
 fn in_one_pass(ctx: &Context, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
@@ -31,11 +31,6 @@ fn bits(ctx: &Context, buffer: &wgpu::Buffer, len: usize) -> Vec<u32> {
 
 /// A refused product: what is wrong, the product, and the error it must give.
 type Case<'a> = (&'static str, Linear<'a>, fn(&Error) -> bool);
-
-/// A context of its own, so that no other test's work moves its counters.
-fn own_context() -> Context {
-    Context::new().expect("a wgpu adapter")
-}
 
 /// One-head specs of every tile shape (rows 1, 3, 8, 20, 70) with offsets.
 fn linear_cases() -> Vec<(usize, usize, usize, usize, usize)> {
@@ -177,7 +172,7 @@ fn prepared_forms_split_over_bindings_give_the_wrappers_bits() {
 
 #[test]
 fn a_prepared_product_recorded_again_creates_nothing() {
-    let ctx = own_context();
+    let ctx = own_context(None);
     let mut rng = Rng::new(11);
     let (rows, k, n) = (4, 40, 24);
     let x = ctx.upload("x", &rng.normals(rows * k, 1.0)).unwrap();
@@ -237,7 +232,7 @@ fn a_prepared_product_recorded_again_creates_nothing() {
 
 #[test]
 fn bad_input_is_a_typed_error_before_anything_is_made() {
-    let ctx = own_context();
+    let ctx = own_context(None);
     let (rows, k, n) = (3, 8, 16);
     // x holds more than the product reads, so that it can stand in for y.
     let x = ctx.upload("x", &vec![1.0f32; rows * n]).unwrap();

@@ -194,17 +194,7 @@ fn fork_copy_on_write_keeps_both_branches() {
 
 /// Every word of every pool of the cache, for "no byte written" checks.
 fn all_pool_words(cache: &PagedKvCache) -> Vec<Vec<u32>> {
-    let ctx = gpu_capped();
-    let blocks: Vec<u32> = (0..cache.allocator().num_blocks() as u32).collect();
-    (0..cache.config().layers)
-        .flat_map(|l| {
-            let pools = cache.layer(l).unwrap();
-            [
-                pools.k.read_blocks(ctx, &blocks).unwrap(),
-                pools.v.read_blocks(ctx, &blocks).unwrap(),
-            ]
-        })
-        .collect()
+    crate::common::pool_words(gpu_capped(), cache)
 }
 
 fn empty_model() -> Model {

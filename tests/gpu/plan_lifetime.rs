@@ -10,25 +10,14 @@ use kvattn::attention::paged::{
 };
 use kvattn::attention::{AttentionOptions, AttentionShape};
 use kvattn::cache::paged::{PagedKvCache, PagedKvConfig, PoolSize};
-use kvattn::gpu::{is_unwritten, Context, ContextOptions, UNWRITTEN};
+use kvattn::gpu::{is_unwritten, Context, UNWRITTEN};
 use kvattn::quant::KvDtype;
 use kvattn::shader::Precision;
 use kvattn::Error;
 
-use crate::common::{test_attention_kernel, Rng};
+use crate::common::{own_context, Rng};
 
 const LAYERS: usize = 2;
-
-/// A context of its own (its counters see only this test's work), optionally with storage
-/// bindings capped so that every pool splits over several buffers.
-fn own_context(cap: Option<u64>) -> Context {
-    Context::with_options(&ContextOptions {
-        max_storage_binding_cap: cap,
-        attention_kernel: test_attention_kernel(),
-        ..Default::default()
-    })
-    .expect("GPU tests need a wgpu adapter")
-}
 
 struct Setup {
     shape: AttentionShape,

@@ -15,7 +15,7 @@ use kvattn::rope::{
 use kvattn::Error;
 use wgpu::util::DeviceExt;
 
-use crate::common::{gpu, gpu_capped, max_abs_err, Rng};
+use crate::common::{gpu, gpu_capped, max_abs_err, own_context, Rng};
 
 /// Largest error and largest error / bound seen over a comparison.
 #[derive(Default, Debug, Clone, Copy)]
@@ -328,23 +328,13 @@ fn invalid_input_is_refused_and_writes_nothing() {
     ));
 }
 
-/// A context of the test's own (its counters see only its work), storage bindings capped at
-/// 64 KiB so that 1,000 tokens of 5 x 80 run in chunks.
-fn own_capped_ctx() -> Context {
-    Context::with_options(&kvattn::gpu::ContextOptions {
-        max_storage_binding_cap: Some(64 << 10),
-        ..Default::default()
-    })
-    .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"))
-}
-
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
 #[test]
 fn prepared_rope_reads_positions_from_a_gpu_buffer() {
-    let ctx = own_capped_ctx();
+    let ctx = own_context(Some(64 << 10));
     let mut rng = Rng::new(41);
     let align = (ctx.device.limits().min_storage_buffer_offset_alignment as usize / 4).max(1);
     let cases = [
@@ -462,7 +452,7 @@ fn prepared_rope_reads_positions_from_a_gpu_buffer() {
 
 #[test]
 fn prepared_rope_refuses_bad_bindings_before_recording() {
-    let ctx = own_capped_ctx();
+    let ctx = own_context(Some(64 << 10));
     let cfg = RopeConfig::new(RopeStyle::NeoX, 10_000.0, 64, 2);
     let tokens = 5;
     let n = tokens * 2 * 64;

@@ -10,19 +10,11 @@ use kvattn::cache::allocator::SeqId;
 use kvattn::cache::paged::{PagedKvCache, PoolSize};
 use kvattn::decoder::model::{Decoder, DecoderConfig, HostWeights, Logits};
 use kvattn::decoder::toy::{random_weights, toy_config};
-use kvattn::gpu::{Context, ContextOptions, Counters};
+use kvattn::gpu::{Context, Counters};
 use kvattn::quant::KvDtype;
 use kvattn::shader::Precision;
 
-use crate::common::{test_attention_kernel, Rng};
-
-fn own_context() -> Context {
-    Context::with_options(&ContextOptions {
-        attention_kernel: test_attention_kernel(),
-        ..Default::default()
-    })
-    .expect("a wgpu adapter")
-}
+use crate::common::{own_context, Rng};
 
 fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut r = Rng::new(seed);
@@ -140,14 +132,14 @@ fn check_decoding(ctx: &Context, dtype: KvDtype, prompts: &[(SeqId, usize)], dec
 
 #[test]
 fn a_warm_decode_step_is_one_submission_that_creates_nothing() {
-    let ctx = own_context();
+    let ctx = own_context(None);
     // 13 prompt tokens, then 7 decode steps: the sequence crosses into its second block.
     check_decoding(&ctx, KvDtype::F32, &[(0, 13)], 7);
 }
 
 #[test]
 fn a_warm_batched_decode_step_is_one_submission_that_creates_nothing() {
-    let ctx = own_context();
+    let ctx = own_context(None);
     // Two sequences of different lengths decoding together; the first crosses a block.
     check_decoding(&ctx, KvDtype::F16, &[(3, 14), (1, 5)], 5);
 }
@@ -156,7 +148,7 @@ fn a_warm_batched_decode_step_is_one_submission_that_creates_nothing() {
 fn warm_steps_of_two_shapes_and_all_logits_create_nothing() {
     // Scoring chunks of 4 tokens (every token's logits) alternating with decode steps: both
     // shapes stay prepared, so every step after each shape's first creates nothing.
-    let ctx = own_context();
+    let ctx = own_context(None);
     let c = toy_config(1);
     let w = random_weights(&c, 32);
     let model = Decoder::upload(&ctx, c, &w, Precision::F32).unwrap();
