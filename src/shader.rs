@@ -35,6 +35,8 @@ const LIB_SOFTMAX: &str = include_str!("../shaders/lib/softmax.wgsl");
 
 /// In which precision a kernel variant keeps its values. Accumulation is f32 in both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Precision {
     /// Portable: core WGSL only, every value in f32.
     F32,

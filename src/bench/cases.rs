@@ -32,6 +32,8 @@ pub const MLA_HEAD_DIM: usize = 128;
 
 /// Which kernel a case runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum CaseKernel {
     /// Paged (or contiguous) attention with one query token per sequence.
     Decode,
@@ -68,6 +70,7 @@ impl CaseKernel {
 /// [`MLA_HEAD_DIM`]. For [`CaseKernel::AppendKv`] `chunk` (= `context`) is the tokens written per
 /// sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Case {
     /// The kernel.
     pub kernel: CaseKernel,

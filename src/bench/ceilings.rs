@@ -57,6 +57,7 @@ impl CeilingOptions {
 
 /// One configuration of a ceiling kernel and the rate it reached.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Trial {
     /// Workgroups of the dispatch.
     pub workgroups: u32,
@@ -66,6 +67,7 @@ pub struct Trial {
 
 /// The measured ceilings of an adapter.
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Ceilings {
     /// Best copy bandwidth, GB/s (10^9 bytes per second), counting bytes read plus bytes
     /// written.

@@ -69,6 +69,8 @@ const ROPE_QUANTIZED_BYTES: u64 = 2;
 
 /// The attention shape that decides what a token leaves in the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(tag = "attention", rename_all = "lowercase"))]
 pub enum CacheShape {
     /// Separate K and V rows per KV head and layer (MHA, GQA, MQA).
     Mha {
@@ -210,6 +212,7 @@ fn in_mha_equivalent(mha: CacheShape, e: Error) -> Error {
 
 /// An MLA cache next to the MHA cache of the same query heads ([`compare_to_mha`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct MhaComparison {
     /// The MHA-equivalent shape ([`CacheShape::mha_equivalent`]).
     pub mha: CacheShape,
@@ -295,6 +298,8 @@ impl fmt::Display for CacheShape {
 /// int4 a scale and min per group of 32 values, f32/f16/bf16 have none; those dtypes take the
 /// default, `PerTensor`, which then stands for their fixed layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum ScaleGranularity {
     /// One scale for the whole tensor, stored once: no per-token overhead.
     #[default]
@@ -367,6 +372,7 @@ impl FromStr for ScaleGranularity {
 
 /// A capacity question: `seqs` sequences of `tokens_per_seq` tokens each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CapacityQuery {
     /// The model's cache shape.
     pub shape: CacheShape,
@@ -384,6 +390,7 @@ pub struct CapacityQuery {
 
 /// The answer to a [`CapacityQuery`], with its parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Capacity {
     /// Values a token leaves in the cache over all layers ([`CacheShape::values_per_token`]).
     pub values_per_token: u64,
@@ -523,6 +530,7 @@ pub fn total_bytes(q: &CapacityQuery) -> Result<u64> {
 
 /// What fits a byte budget (see [`fit_budget`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct BudgetFit {
     /// Whole tokens that fit (rounded down to whole blocks when a block size is given).
     pub max_tokens: u64,

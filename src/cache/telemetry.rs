@@ -12,6 +12,7 @@ use std::fmt;
 /// *unique* tokens count each filled slot of a used block once (what the pool stores). Without
 /// sharing they are equal.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Telemetry {
     /// Live sequences.
     pub sequences: usize,

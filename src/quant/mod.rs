@@ -39,6 +39,8 @@ pub const MAX_HEAD_DIM: usize = 1024;
 
 /// How a KV element is stored. The discriminant order is the WGSL code ([`KvDtype::code`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum KvDtype {
     /// IEEE f32, one value per word.
     F32,
@@ -47,8 +49,10 @@ pub enum KvDtype {
     /// bfloat16, two values per word.
     Bf16,
     /// OCP FP8 E4M3 "fn", four values per word, with a per-tensor or per-row f32 scale.
+    #[cfg_attr(feature = "serde", serde(rename = "fp8-e4m3"))]
     Fp8E4M3,
     /// OCP FP8 E5M2, four values per word, with a per-tensor or per-row f32 scale.
+    #[cfg_attr(feature = "serde", serde(rename = "fp8-e5m2"))]
     Fp8E5M2,
     /// Symmetric int8, four values per word, an f32 scale per row.
     Int8,

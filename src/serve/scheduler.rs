@@ -106,6 +106,7 @@ impl Finished {
 
 /// Counters of a run.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Counters {
     /// Steps run.
     pub steps: usize,

@@ -6,6 +6,7 @@ use super::scheduler::{Counters, Finished};
 
 /// A run's summary.
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RunStats {
     /// Requests submitted.
     pub requested: usize,

@@ -7,10 +7,13 @@ use crate::shader::Precision;
 
 /// Which ceiling sets a case's roofline time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum Bound {
     /// Bytes over the copy bandwidth.
+    #[cfg_attr(feature = "serde", serde(rename = "mem"))]
     Memory,
     /// Floating-point operations over the FMA rate.
+    #[cfg_attr(feature = "serde", serde(rename = "fma"))]
     Arithmetic,
 }
 
@@ -26,6 +29,7 @@ impl Bound {
 
 /// One row of the benchmark table: the case's fields, its time and its roofline.
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Row {
     /// [`Case::id`].
     pub id: String,
