@@ -20,9 +20,26 @@ pub fn layout_of<T: WgslStruct>() -> StructLayout {
     (T::WGSL_NAME, T::field_offsets(), std::mem::size_of::<T>())
 }
 
-/// The host mirrors of `kernel`'s WGSL structs (checked against naga's layout).
+/// Whether the enabled features build `kernel`: the decoder's kernels ([`Kernel::RmsNorm`],
+/// [`Kernel::Swiglu`], [`Kernel::Add`], [`Kernel::Embed`]) need the `decoder` feature, the
+/// ceilings' kernels ([`Kernel::Bandwidth`], [`Kernel::FmaRate`]) the `bench` feature.
+pub fn is_built(kernel: Kernel) -> bool {
+    let decoder = matches!(
+        kernel,
+        Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed
+    );
+    let bench = matches!(kernel, Kernel::Bandwidth | Kernel::FmaRate);
+    (!decoder || cfg!(feature = "decoder")) && (!bench || cfg!(feature = "bench"))
+}
+
+/// The host mirrors of `kernel`'s WGSL structs (checked against naga's layout); empty for a
+/// kernel the enabled features do not build ([`is_built`]).
 pub fn param_structs(kernel: Kernel) -> Vec<StructLayout> {
-    use crate::{attention, bench, cache, decoder, mla, quant, rope};
+    #[cfg(feature = "bench")]
+    use crate::bench;
+    #[cfg(feature = "decoder")]
+    use crate::decoder;
+    use crate::{attention, cache, mla, quant, rope};
     match kernel {
         Kernel::Paged | Kernel::PagedLanes => vec![
             layout_of::<attention::paged::PagedParams>(),
@@ -39,21 +56,36 @@ pub fn param_structs(kernel: Kernel) -> Vec<StructLayout> {
         Kernel::Rope => vec![layout_of::<rope::RopeParams>()],
         Kernel::HeadMatmul => mla::head_matmul::param_structs(),
         Kernel::StridedCopy => mla::strided_copy::param_structs(),
+        #[cfg(feature = "decoder")]
         Kernel::RmsNorm => vec![layout_of::<decoder::ops::rms_norm::RmsNormParams>()],
+        #[cfg(feature = "decoder")]
         Kernel::Swiglu => vec![layout_of::<decoder::ops::swiglu::SwigluParams>()],
+        #[cfg(feature = "decoder")]
         Kernel::Add => vec![layout_of::<decoder::ops::add::AddParams>()],
+        #[cfg(feature = "decoder")]
         Kernel::Embed => vec![layout_of::<decoder::ops::embed::EmbedParams>()],
+        #[cfg(not(feature = "decoder"))]
+        Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed => Vec::new(),
+        #[cfg(feature = "bench")]
         Kernel::Bandwidth => vec![layout_of::<bench::bandwidth::BandwidthParams>()],
+        #[cfg(feature = "bench")]
         Kernel::FmaRate => vec![layout_of::<bench::fma_rate::FmaParams>()],
+        #[cfg(not(feature = "bench"))]
+        Kernel::Bandwidth | Kernel::FmaRate => Vec::new(),
     }
 }
 
 /// Override-constant sets the host really uses for `kernel` in `precision`, from the smallest
 /// to the largest shapes (largest workgroup memory), so validation sees the extremes. Empty for
 /// [`Kernel::PagedLanes`], whose constants come with each written-out shape
-/// ([`representative_constants`]).
+/// ([`representative_constants`]), and for a kernel the enabled features do not build
+/// ([`is_built`]).
 pub fn kernel_constants(kernel: Kernel, precision: Precision) -> Vec<Constants> {
-    use crate::{attention, bench, cache, decoder, mla, quant, rope};
+    #[cfg(feature = "bench")]
+    use crate::bench;
+    #[cfg(feature = "decoder")]
+    use crate::decoder;
+    use crate::{attention, cache, mla, quant, rope};
     match kernel {
         Kernel::Paged => attention::paged::representative_constants(precision),
         Kernel::PagedLanes => Vec::new(),
@@ -65,12 +97,22 @@ pub fn kernel_constants(kernel: Kernel, precision: Precision) -> Vec<Constants> 
         Kernel::Rope => rope::representative_constants(),
         Kernel::HeadMatmul => mla::head_matmul::representative_constants(),
         Kernel::StridedCopy => mla::strided_copy::representative_constants(),
+        #[cfg(feature = "decoder")]
         Kernel::RmsNorm => decoder::ops::rms_norm::representative_constants(),
+        #[cfg(feature = "decoder")]
         Kernel::Swiglu => decoder::ops::swiglu::representative_constants(),
+        #[cfg(feature = "decoder")]
         Kernel::Add => decoder::ops::add::representative_constants(),
+        #[cfg(feature = "decoder")]
         Kernel::Embed => decoder::ops::embed::representative_constants(),
+        #[cfg(not(feature = "decoder"))]
+        Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed => Vec::new(),
+        #[cfg(feature = "bench")]
         Kernel::Bandwidth => bench::bandwidth::representative_constants(),
+        #[cfg(feature = "bench")]
         Kernel::FmaRate => bench::fma_rate::representative_constants(),
+        #[cfg(not(feature = "bench"))]
+        Kernel::Bandwidth | Kernel::FmaRate => Vec::new(),
     }
 }
 
@@ -85,12 +127,13 @@ pub fn representative_constants(variant: &ShaderVariant) -> Vec<Constants> {
     }
 }
 
-/// Every shader variant the crate can compose: every kernel in each of its precisions, with
-/// and without subgroups where it has a subgroup form, and the lanes kernel written out for
-/// each shape its host code picks for representative problems.
+/// Every shader variant the crate can compose with the enabled features: every kernel it builds
+/// ([`is_built`]) in each of its precisions, with and without subgroups where it has a subgroup
+/// form, and the lanes kernel written out for each shape its host code picks for representative
+/// problems.
 pub fn all_variants() -> Vec<ShaderVariant> {
     let mut variants = Vec::new();
-    for kernel in Kernel::ALL {
+    for kernel in Kernel::ALL.into_iter().filter(|&k| is_built(k)) {
         for &precision in kernel.precisions() {
             let subgroups: &[bool] = if kernel.has_subgroup_variant() {
                 &[false, true]

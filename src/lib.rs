@@ -1,8 +1,10 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 pub mod attention;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod cache;
+#[cfg(feature = "decoder")]
 pub mod decoder;
 pub mod error;
 pub mod gpu;
@@ -15,6 +17,7 @@ pub mod quant;
 pub mod reference;
 pub mod rng;
 pub mod rope;
+#[cfg(feature = "serve")]
 pub mod serve;
 pub mod shader;
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::Context;
 use crate::{Error, Result};
 
+#[cfg(feature = "decoder")]
 /// Invocations per workgroup of the one-invocation-per-element kernels (their WGSL
 /// `@workgroup_size`).
 pub(crate) const WG: u64 = 64;
@@ -210,6 +211,7 @@ pub(crate) fn range(
     })
 }
 
+#[cfg(feature = "decoder")]
 /// The part of a buffer one dispatch binds: from `offset` (aligned) for `size` bytes; the
 /// dispatch's first element is `base` elements into the binding.
 #[derive(Debug, Clone, Copy)]
@@ -220,6 +222,7 @@ pub(crate) struct Bound {
     pub base: u32,
 }
 
+#[cfg(feature = "decoder")]
 impl Bound {
     /// The binding resource for `buffer`.
     pub fn resource(self, buffer: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
@@ -227,12 +230,14 @@ impl Bound {
     }
 }
 
+#[cfg(feature = "decoder")]
 /// Most 32-bit elements one dispatch may bind from an arbitrary first element: a binding,
 /// less the slack of aligning its offset down.
 pub(crate) fn max_bound_elems(ctx: &Context) -> u64 {
     (binding_limit(ctx) - offset_alignment(ctx)) / 4
 }
 
+#[cfg(feature = "decoder")]
 /// Binds elements `first .. first + elems` (32-bit) of a buffer that holds them; `elems` must
 /// be positive and at most [`max_bound_elems`].
 pub(crate) fn bind(ctx: &Context, first: u64, elems: u64) -> Result<Bound> {
@@ -249,6 +254,7 @@ pub(crate) fn bind(ctx: &Context, first: u64, elems: u64) -> Result<Bound> {
     })
 }
 
+#[cfg(feature = "decoder")]
 /// A 2-D grid of `WG`-invocation workgroups covering `invocations` (at most 2^29, so that the
 /// grid fits any adapter's 65,535 per dimension): the grid and the invocations along x.
 pub(crate) fn element_grid(ctx: &Context, invocations: u64) -> ([u32; 3], u32) {
@@ -259,6 +265,7 @@ pub(crate) fn element_grid(ctx: &Context, invocations: u64) -> ([u32; 3], u32) {
     ([gx as u32, gy as u32, 1], (gx * WG) as u32)
 }
 
+#[cfg(feature = "decoder")]
 /// [`Error::InvalidArgument`] when an output buffer is also one of the inputs (wgpu refuses a
 /// buffer bound both read-only and read-write in one dispatch, and the kernels do not support
 /// aliasing).

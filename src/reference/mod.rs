@@ -6,6 +6,7 @@
 //! to what the kernel sees before calling: every f16 and bf16 value is exact in f32.
 
 pub mod attention;
+#[cfg(feature = "decoder")]
 pub mod llama;
 pub mod mla;
 pub mod ops;

@@ -245,6 +245,7 @@ fn readbacks_wait_for_their_own_submission_and_reuse_their_staging() {
     ));
 }
 
+#[cfg(feature = "decoder")]
 #[test]
 fn a_buffer_of_another_device_is_refused_before_anything_is_recorded() {
     // Two devices of one application (one instance): kvattn runs on the first.

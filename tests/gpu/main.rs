@@ -6,10 +6,13 @@ mod common;
 
 mod append_plan;
 mod append_quant;
+#[cfg(feature = "bench")]
 mod bench_cases;
 mod context;
 mod decode;
+#[cfg(feature = "decoder")]
 mod decoder;
+#[cfg(feature = "decoder")]
 mod decoder_ops;
 mod embedding;
 mod gpu_errors;
@@ -22,8 +25,10 @@ mod paged;
 mod paged_attention;
 mod plan_lifetime;
 mod rope;
+#[cfg(feature = "serve")]
 mod serve;
 mod snapshot;
+#[cfg(feature = "decoder")]
 mod step_counters;
 mod strided_copy;
 mod threads;

@@ -24,6 +24,7 @@ const _: () = {
     let _ = assert_send_sync::<kvattn::mla::MlaWeights>;
     let _ = assert_send_sync::<kvattn::mla::head_matmul::HeadMatmul>;
     let _ = assert_send_sync::<kvattn::mla::strided_copy::StridedCopy>;
+    #[cfg(feature = "decoder")]
     let _ = assert_send_sync::<kvattn::decoder::model::Decoder>;
     let _ = assert_send_sync::<kvattn::Error>;
 };
