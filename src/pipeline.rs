@@ -75,9 +75,9 @@ impl Context {
                 })
         })
         .map_err(|e| match e {
-            Error::Gpu(message) => Error::Shader {
+            Error::Wgpu { source, .. } => Error::Shader {
                 name: name.to_string(),
-                message,
+                source,
             },
             other => other,
         })
@@ -114,9 +114,9 @@ impl Context {
                     })
             })
             .map_err(|e| match e {
-                Error::Gpu(message) => Error::Shader {
+                Error::Wgpu { source, .. } => Error::Shader {
                     name: format!("{name} {constants:?}"),
-                    message,
+                    source,
                 },
                 other => other,
             })?;

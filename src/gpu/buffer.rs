@@ -71,8 +71,7 @@ impl Context {
             mapped_at_creation: true,
         })?;
         self.count_upload(contents.len() as u64);
-        fill_mapped(&buffer, contents)
-            .map_err(|e| self.lost_or(Error::Gpu(format!("{label}: filling a new buffer: {e}"))))?;
+        fill_mapped(&buffer, label, contents).map_err(|e| self.lost_or(e))?;
         self.scoped(label, || buffer.unmap())?;
         Ok(buffer)
     }
@@ -109,10 +108,20 @@ impl Context {
 
 /// Copies `contents` to the start of `buffer`'s mapping (made at creation; fresh buffers are
 /// zeroed, so the padding needs no write).
-fn fill_mapped(buffer: &wgpu::Buffer, contents: &[u8]) -> std::result::Result<(), String> {
-    let mut view = buffer.get_mapped_range_mut(..).map_err(|e| e.to_string())?;
+fn fill_mapped(buffer: &wgpu::Buffer, label: &str, contents: &[u8]) -> Result<()> {
+    let mut view = buffer
+        .get_mapped_range_mut(..)
+        .map_err(|e| Error::WgpuCall {
+            what: format!("{label}: filling a new buffer"),
+            source: Box::new(e),
+        })?;
     if view.len() < contents.len() {
-        return Err("the mapping is smaller than the contents".into());
+        return Err(Error::Gpu(format!(
+            "{label}: filling a new buffer: the mapping ({} bytes) is smaller than the contents \
+             ({} bytes)",
+            view.len(),
+            contents.len()
+        )));
     }
     view.slice(..contents.len()).copy_from_slice(contents);
     Ok(())

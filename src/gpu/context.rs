@@ -197,8 +197,8 @@ struct DeviceHealth {
     uncaptured: Mutex<Option<Uncaptured>>,
 }
 
-/// The first uncaptured error since it was last reported (as the crate's error: plain strings,
-/// so the handler is `Send + Sync` on every target), and how many followed it.
+/// The first uncaptured error since it was last reported (as the crate's error), and how many
+/// followed it.
 struct Uncaptured {
     error: Error,
     more: usize,
@@ -373,9 +373,9 @@ impl Context {
                 trace: wgpu::Trace::Off,
             })
             .await
-            .map_err(|e| Error::RequestDevice {
+            .map_err(|source| Error::RequestDevice {
                 adapter: info.name.clone(),
-                message: e.to_string(),
+                source,
             })?;
         let mut ctx = Self::build(
             device,
@@ -531,11 +531,7 @@ impl Context {
         match self.health.take() {
             None => Ok(()),
             Some(Uncaptured { error, more: 0 }) => Err(error),
-            Some(Uncaptured { error, more }) => Err(match error {
-                Error::Gpu(m) => Error::Gpu(format!("{m} (and {more} more)")),
-                Error::OutOfMemory(m) => Error::OutOfMemory(format!("{m} (and {more} more)")),
-                other => other,
-            }),
+            Some(Uncaptured { error, more }) => Err(super::record::with_more(error, more)),
         }
     }
 
@@ -553,7 +549,10 @@ impl Context {
             }
             Ok(Err(e)) => {
                 self.check_lost()?;
-                Err(Error::Gpu(format!("waiting for the device: {e}")))
+                Err(Error::WgpuCall {
+                    what: "waiting for the device".into(),
+                    source: Box::new(e),
+                })
             }
             Err(panic) => {
                 let message = panic

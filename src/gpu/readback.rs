@@ -128,10 +128,12 @@ impl Readback {
             return Ok(Vec::new());
         }
         ctx.map_after(&self.staging, index).await?;
-        let view = self
-            .staging
-            .get_mapped_range(..)
-            .map_err(|e| ctx.lost_or(Error::Gpu(format!("mapped range: {e}"))))?;
+        let view = self.staging.get_mapped_range(..).map_err(|e| {
+            ctx.lost_or(Error::WgpuCall {
+                what: "mapped range of a readback buffer".into(),
+                source: Box::new(e),
+            })
+        })?;
         let out = bytemuck::pod_collect_to_vec(&view[..bytes as usize]);
         drop(view);
         self.staging.unmap();
@@ -175,7 +177,12 @@ impl Context {
         let _ = index;
         let mapped = MapFuture(state).await;
         self.check_errors_async().await?;
-        mapped.map_err(|e| self.lost_or(Error::Gpu(format!("mapping a readback buffer: {e}"))))
+        mapped.map_err(|e| {
+            self.lost_or(Error::WgpuCall {
+                what: "mapping a readback buffer".into(),
+                source: Box::new(e),
+            })
+        })
     }
 
     /// Copies the first `len` elements of `buffer` back to the host: one submission (the copy),
@@ -214,7 +221,7 @@ impl Context {
             .await
             .map_err(|e| match e {
                 // A failed wait or mapping may mean the device is gone: report the cause.
-                Error::Gpu(_) => self.lost_or(e),
+                Error::Gpu(_) | Error::Wgpu { .. } | Error::WgpuCall { .. } => self.lost_or(e),
                 other => other,
             })
     }

@@ -101,8 +101,25 @@ impl Dispatch {
 /// A wgpu error raised while doing `what`, as the crate's error.
 pub(crate) fn gpu_error(what: &str, error: wgpu::Error) -> Error {
     match error {
-        wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory(what.to_string()),
-        other => Error::Gpu(format!("{what}: {other}")),
+        source @ wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory {
+            what: what.to_string(),
+            source,
+            more: 0,
+        },
+        source => Error::Wgpu {
+            what: what.to_string(),
+            source,
+            more: 0,
+        },
+    }
+}
+
+/// `error`, the first of `more + 1` wgpu errors, saying how many followed it.
+pub(crate) fn with_more(error: Error, more: usize) -> Error {
+    match error {
+        Error::Wgpu { what, source, .. } => Error::Wgpu { what, source, more },
+        Error::OutOfMemory { what, source, .. } => Error::OutOfMemory { what, source, more },
+        other => other,
     }
 }
 
@@ -152,7 +169,7 @@ impl Context {
         let (first, more) = (pending.caught, pending.more);
         self.check_lost()?;
         match first {
-            Some(Error::Gpu(m)) if more > 0 => Err(Error::Gpu(format!("{m} (and {more} more)"))),
+            Some(e) if more > 0 => Err(with_more(e, more)),
             Some(e) => Err(self.lost_or(e)),
             None => self.take_uncaptured(),
         }

@@ -80,9 +80,10 @@ fn invalid_wgsl_is_a_shader_error_not_a_panic() {
         )
         .unwrap_err();
     match err {
-        Error::Shader { name, message } => {
+        Error::Shader { name, source } => {
             assert_eq!(name, "broken");
-            assert!(!message.is_empty());
+            assert!(matches!(source, wgpu::Error::Validation { .. }), "{source}");
+            assert!(!source.to_string().is_empty());
         }
         other => panic!("expected Error::Shader, got {other}"),
     }

@@ -179,7 +179,7 @@ fn kvattn_leaves_the_applications_error_handler_alone() {
     let mut encoder = ctx.encoder("bad copy");
     encoder.copy_buffer_to_buffer(&src, 0, &buf, 4, 1024);
     ctx.submit("bad copy", encoder).unwrap();
-    assert!(matches!(ctx.check_errors(), Err(Error::Gpu(_))));
+    assert!(matches!(ctx.check_errors(), Err(Error::Wgpu { .. })));
     assert_eq!(
         seen.load(Ordering::SeqCst),
         1,
@@ -199,7 +199,7 @@ fn submission_errors_come_back_once_at_the_next_sync_point() {
     ctx.submit("copy past the end", encoder).unwrap();
     // ...the next readback reports it, typed, naming the submission.
     match ctx.read_back::<u32>(&b, 64) {
-        Err(Error::Gpu(m)) => assert!(m.contains("copy past the end"), "{m}"),
+        Err(e @ Error::Wgpu { .. }) => assert!(e.to_string().contains("copy past the end"), "{e}"),
         other => panic!("expected the submission's error, got {other:?}"),
     }
     // Reported once: the context is usable again.
@@ -263,7 +263,7 @@ fn a_buffer_of_another_device_is_refused_before_anything_is_recorded() {
     let before = ctx.counters();
     // The residual add binds (uniform, x, y): y from the other device.
     let result = kvattn::decoder::ops::add::add_in_place(&ctx, 64, &own, &foreign);
-    assert!(matches!(result, Err(Error::Gpu(_))), "{result:?}");
+    assert!(matches!(result, Err(Error::Wgpu { .. })), "{result:?}");
     assert_eq!(
         ctx.counters().submissions,
         before.submissions,
@@ -318,7 +318,8 @@ fn errors_of_many_unsynced_submissions_are_all_counted() {
         ctx.submit(&format!("bad copy {i}"), encoder).unwrap();
     }
     match ctx.check_errors() {
-        Err(Error::Gpu(m)) => {
+        Err(e @ Error::Wgpu { more: 39, .. }) => {
+            let m = e.to_string();
             assert!(m.contains("bad copy 0"), "{m}");
             assert!(m.contains("(and 39 more)"), "{m}");
         }

@@ -560,7 +560,7 @@ fn buffer_of_another_device_is_refused_before_submitting() {
         })
         .unwrap_err();
     assert!(
-        matches!(err, Error::Gpu(_) | Error::InvalidArgument(_)),
+        matches!(err, Error::Wgpu { .. } | Error::InvalidArgument(_)),
         "{err}"
     );
     assert_eq!(ctx.counters().since(&before).submissions, 0, "submitted");

@@ -156,6 +156,11 @@ fn in_case(case: &Case, e: Error) -> Error {
         Error::Gpu(m) => Error::Gpu(format!("{}: {m}", case.id())),
         Error::InvalidArgument(m) => invalid(format!("{}: {m}", case.id())),
         other => invalid(format!("{}: {other}", case.id())),
+        Error::Wgpu { what, source, more } => Error::Wgpu {
+            what: format!("{}: {what}", case.id()),
+            source,
+            more,
+        },
     }
 }
 
