@@ -35,6 +35,8 @@ pub struct ContextOptions {
 /// The two implementations of paged attention: the same plan, partial states and merge, and
 /// results equal up to f32 summation order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum AttentionKernel {
     /// `paged.wgsl`: a workgroup per (work item, KV head); the tile's queries in workgroup
     /// memory, one key per invocation, values spread over the invocations. For GPUs.
@@ -71,6 +73,7 @@ impl std::str::FromStr for AttentionKernel {
 
 /// The adapter a [`Context`] runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct AdapterSummary {
     /// Adapter name as the driver reports it.
     pub name: String,
@@ -106,6 +109,7 @@ impl From<&wgpu::Adapter> for AdapterFacts {
 /// What the device was created with: the optional features the kernels can use and the limits
 /// they plan with.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Capabilities {
     /// `SHADER_F16`: the f16 kernel variants are available.
     pub shader_f16: bool,

@@ -3,6 +3,9 @@
 //! bandwidth and FMA rate; a case's roofline time is `max(bytes / bandwidth, flops / rate)` and
 //! it is judged by the fraction of that it reaches.
 
+mod output;
+mod plot;
+
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -12,11 +15,10 @@ use kvattn::gpu::Context;
 use kvattn::shader::Precision;
 use kvattn::{Error, Result};
 
-use crate::bench_output::{ceilings_header, csv, json, progress, table};
-use crate::bench_plot;
 use crate::case::invalid;
 use crate::files::{check_outputs, write_all_or_none};
 use crate::run::parse_precision;
+use output::{ceilings_header, csv, json, progress, table};
 
 /// Largest `--context`.
 const MAX_CONTEXT: usize = 1 << 20;
@@ -125,7 +127,7 @@ impl Settings {
                 )));
             }
         }
-        if args.plot.is_some() && !cases.iter().any(bench_plot::plots) {
+        if args.plot.is_some() && !cases.iter().any(plot::plots) {
             return Err(invalid(
                 "--plot draws the paged GQA decode cases of batch 1 and the selection has none",
             ));
@@ -154,13 +156,13 @@ fn dedup(cases: impl Iterator<Item = Case>) -> Vec<Case> {
 fn in_case(case: &Case, e: Error) -> Error {
     match e {
         Error::Gpu(m) => Error::Gpu(format!("{}: {m}", case.id())),
-        Error::InvalidArgument(m) => invalid(format!("{}: {m}", case.id())),
-        other => invalid(format!("{}: {other}", case.id())),
         Error::Wgpu { what, source, more } => Error::Wgpu {
             what: format!("{}: {what}", case.id()),
             source,
             more,
         },
+        Error::InvalidArgument(m) => invalid(format!("{}: {m}", case.id())),
+        other => invalid(format!("{}: {other}", case.id())),
     }
 }
 
@@ -236,7 +238,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             s.precision.name(),
             ceilings.copy_gbps
         );
-        let svg = bench_plot::svg(&results, &title)
+        let svg = plot::svg(&results, &title)
             .map_err(|e| invalid(format!("cannot draw {}: {e}", p.display())))?;
         files.push((p.as_path(), svg));
     }

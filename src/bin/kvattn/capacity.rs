@@ -8,6 +8,8 @@ use kvattn::cache::presets::{preset, preset_names, ModelPreset};
 use kvattn::quant::KvDtype;
 use kvattn::{Error, Result};
 
+use crate::output;
+
 /// Arguments of `kvattn capacity`.
 #[derive(clap::Args)]
 pub struct CapacityArgs {
@@ -216,7 +218,10 @@ pub fn run(args: &CapacityArgs) -> Result<()> {
         Source::Explicit => shape.to_string(),
     };
     if args.json {
-        println!("{:#}", json(&source, &query, &cap, vs_mha.as_ref(), budget));
+        print!(
+            "{}",
+            output::json::pretty(&json(&source, &query, &cap, vs_mha.as_ref(), budget))
+        );
     } else {
         print!("{}", text(&label, &query, &cap, vs_mha.as_ref(), budget));
     }
@@ -237,22 +242,27 @@ fn json(
         },
         "attention": q.shape.kind(),
         "layers": q.shape.layers(),
-        "dtype": q.dtype.name(),
+        "dtype": q.dtype,
         "scales": q.scales.effective(q.dtype),
         "block_size": q.block_size,
-        "values_per_token": c.values_per_token,
-        "payload_bytes_per_token": c.payload_bytes_per_token,
-        "scale_bytes_per_token": c.scale_bytes_per_token,
-        "bytes_per_token": c.bytes_per_token,
         "tokens_requested": q.tokens_per_seq,
-        "tokens": c.tokens_per_seq,
         "seqs": q.seqs,
-        "bytes_per_seq": c.bytes_per_seq,
-        "total_bytes": c.total_bytes,
         "total_gib": gib(c.total_bytes),
         "total_gb": gb(c.total_bytes),
     });
     let o = v.as_object_mut().expect("an object");
+    // The capacity's own fields under their names in the library, but `tokens` for the
+    // tokens per sequence after block rounding.
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(c) {
+        for (key, value) in fields {
+            let key = if key == "tokens_per_seq" {
+                "tokens".to_string()
+            } else {
+                key
+            };
+            o.insert(key, value);
+        }
+    }
     if let Source::Preset(p) = source {
         o.insert("q_heads".into(), p.q_heads.into());
     }

@@ -1,6 +1,9 @@
 //! `kvattn info`: which adapter kvattn picks and what it can do.
 
-use kvattn::gpu::Context;
+use kvattn::gpu::{AdapterSummary, Capabilities, Context};
+use serde_json::{Map, Value};
+
+use crate::output;
 
 /// Arguments of `kvattn info`.
 #[derive(clap::Args)]
@@ -16,23 +19,7 @@ pub fn run(args: &InfoArgs) -> kvattn::Result<()> {
     let a = ctx.adapter();
     let c = ctx.caps();
     if args.json {
-        let value = serde_json::json!({
-            "adapter": a.name,
-            "backend": a.backend,
-            "device_type": a.device_type,
-            "driver": a.driver,
-            "driver_info": a.driver_info,
-            "features": c.feature_names(),
-            "subgroup_min_size": c.subgroup_min_size,
-            "subgroup_max_size": c.subgroup_max_size,
-            "max_storage_buffer_binding_size": c.max_storage_buffer_binding_size,
-            "max_buffer_size": c.max_buffer_size,
-            "max_storage_buffers_per_shader_stage": c.max_storage_buffers_per_shader_stage,
-            "max_compute_workgroup_storage_size": c.max_compute_workgroup_storage_size,
-            "max_compute_invocations_per_workgroup": c.max_compute_invocations_per_workgroup,
-            "max_compute_workgroups_per_dimension": c.max_compute_workgroups_per_dimension,
-        });
-        println!("{value:#}");
+        print!("{}", json(a, c));
         return Ok(());
     }
     println!("adapter      {}", a.name);
@@ -80,4 +67,19 @@ pub fn run(args: &InfoArgs) -> kvattn::Result<()> {
         c.max_compute_workgroups_per_dimension
     );
     Ok(())
+}
+
+/// One JSON object: the adapter's fields (its name as `adapter`), its capabilities and limits
+/// as the library names them, and `features`, the wgpu features kvattn uses.
+fn json(a: &AdapterSummary, c: &Capabilities) -> String {
+    let mut o = Map::new();
+    for value in [serde_json::to_value(a), serde_json::to_value(c)] {
+        if let Ok(Value::Object(fields)) = value {
+            for (key, v) in fields {
+                o.insert(if key == "name" { "adapter".into() } else { key }, v);
+            }
+        }
+    }
+    o.insert("features".into(), c.feature_names().into());
+    output::json::pretty(&Value::Object(o))
 }

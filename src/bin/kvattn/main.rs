@@ -4,14 +4,11 @@
 //! `bench` (the kernels against the adapter's ceilings).
 
 mod bench;
-mod bench_output;
-mod bench_plot;
 mod capacity;
 mod case;
-mod columns;
 mod files;
 mod info;
-mod plot;
+mod output;
 mod quality;
 mod run;
 mod run_mla;

@@ -5,22 +5,10 @@
 use kvattn::bench::cases::{Case, CaseKernel, Row};
 use plotters::prelude::*;
 
-use crate::plot::{pow2_label, top};
+use crate::output::svg::{self, legend, line, mark, pow2_label, top, DrawResult, Log2Axis};
 
 const WIDTH: u32 = 820;
 const HEIGHT: u32 = 720;
-
-/// Line colours, one per series in turn.
-const COLORS: [RGBColor; 8] = [
-    RGBColor(31, 119, 180),
-    RGBColor(214, 39, 40),
-    RGBColor(44, 160, 44),
-    RGBColor(255, 127, 14),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-    RGBColor(227, 119, 194),
-    RGBColor(23, 190, 207),
-];
 
 /// Whether the chart draws `case`: paged GQA decode (more than one KV head, groups of more than
 /// one query head) of one sequence.
@@ -89,28 +77,22 @@ fn series(rows: &[(Case, Row)]) -> Vec<Series> {
 
 /// The chart as one SVG document.
 pub fn svg(rows: &[(Case, Row)], title: &str) -> Result<String, String> {
-    let mut out = String::new();
-    draw(&mut out, &series(rows), title).map_err(|e| e.to_string())?;
-    Ok(out)
+    let series = series(rows);
+    svg::document((WIDTH, HEIGHT), |root| draw(root, &series, title))
 }
 
 fn draw(
-    out: &mut String,
+    root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
     series: &[Series],
     title: &str,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let root = SVGBackend::with_string(out, (WIDTH, HEIGHT)).into_drawing_area();
-    root.fill(&WHITE)?;
+) -> DrawResult {
     let root = root.titled(title, ("sans-serif", 16))?;
     let panels = root.split_evenly((2, 1));
-    let xs = series
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| (p.context as f64).log2()));
-    let (lo, hi) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
-        (lo.min(x), hi.max(x))
-    });
-    let (lo, hi) = if lo.is_finite() { (lo, hi) } else { (0.0, 1.0) };
-    let x_range = (lo - 0.25)..(hi + 0.25);
+    let x = Log2Axis::new(
+        series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.context as f64)),
+    );
     for (i, (area, (y_desc, value))) in panels.iter().zip(PANELS).enumerate() {
         // Head room above the lines for the legend.
         let y_top = 1.5 * top(series.iter().flat_map(|s| s.points.iter().map(value)));
@@ -119,42 +101,30 @@ fn draw(
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(64)
-            .build_cartesian_2d(x_range.clone(), 0.0..y_top)?;
+            .build_cartesian_2d(x.range(), 0.0..y_top)?;
         chart
             .configure_mesh()
-            .x_labels(((hi - lo).round() as usize + 1).max(2))
+            .x_labels(x.labels())
             .x_label_formatter(&pow2_label)
             .y_label_formatter(&|y| format!("{y:.decimals$}"))
             .x_desc("context, keys per sequence (log2 scale)")
             .y_desc(y_desc)
             .draw()?;
         for (i, s) in series.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
+            let color = svg::COLORS[i % svg::COLORS.len()];
+            let points = s
+                .points
+                .iter()
+                .map(|p| ((p.context as f64).log2(), value(p)));
             chart
-                .draw_series(
-                    LineSeries::new(
-                        s.points
-                            .iter()
-                            .map(|p| ((p.context as f64).log2(), value(p))),
-                        color.stroke_width(2),
-                    )
-                    .point_size(3),
-                )?
+                .draw_series(line(points, color))?
                 .label(s.label.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
+                .legend(mark(color));
         }
         // One legend serves both panels.
         if i == 0 {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()?;
+            legend(&mut chart)?;
         }
     }
-    root.present()?;
     Ok(())
 }

@@ -3,11 +3,12 @@
 use kvattn::bench::cases::{CaseKernel, Row};
 use kvattn::bench::Ceilings;
 
-use crate::columns::{self, Value};
+use crate::output::table::{Align, Table};
+use crate::output::{self, csv, json, Value};
 
-type Column = columns::Column<Row>;
+type Column = output::Column<Row>;
 
-/// The keys of every JSON object and the CSV header, in order.
+/// The CSV header, in order: the fields of [`Row`] as it serializes to JSON.
 const COLUMNS: [Column; 24] = [
     ("id", |r| Value::Owned(r.id.clone())),
     ("kernel", |r| Value::Text(r.kernel.name())),
@@ -35,83 +36,48 @@ const COLUMNS: [Column; 24] = [
     ("bound", |r| Value::Text(r.bound.name())),
 ];
 
-/// One JSON array, one object per row, keys in [`COLUMNS`] order.
+/// One JSON array, one object per row: each [`Row`] as serde serializes it (the keys of
+/// [`COLUMNS`], in order).
 pub fn json(rows: &[Row]) -> String {
-    columns::json(rows, &COLUMNS)
+    json::array(rows)
 }
 
 /// A header line and one line per row.
 pub fn csv(rows: &[Row]) -> String {
-    columns::csv(rows, &COLUMNS)
+    csv::rows(rows, &COLUMNS)
 }
 
 /// The Markdown table: case, dtype, median ms, MB moved, GB/s, GFLOP/s, fraction of the
-/// roofline and its bound.
+/// roofline and its bound; text left-aligned, numbers right-aligned.
 pub fn table(rows: &[Row]) -> String {
-    const HEAD: [&str; 8] = [
-        "case", "dtype", "ms", "KV MB", "GB/s", "GFLOP/s", "roofline", "bound",
-    ];
-    let cells: Vec<[String; 8]> = rows
-        .iter()
-        .map(|r| {
-            [
-                r.id.clone(),
-                r.kv_dtype.name().to_string(),
-                format!("{:.3}", r.seconds * 1e3),
-                format!("{:.1}", r.kv_bytes as f64 / 1e6),
-                format!("{:.2}", r.gbps),
-                if r.flops == 0 {
-                    "-".into()
-                } else {
-                    format!("{:.2}", r.gflops)
-                },
-                format!("{:.1}%", 100.0 * r.roofline_fraction),
-                r.bound.name().to_string(),
-            ]
-        })
-        .collect();
-    let widths: Vec<usize> = (0..HEAD.len())
-        .map(|i| {
-            cells
-                .iter()
-                .map(|c| c[i].len())
-                .fold(HEAD[i].len(), usize::max)
-        })
-        .collect();
-    // Text left-aligned, numbers right-aligned.
-    let left = |i: usize| i < 2 || i == HEAD.len() - 1;
-    let line = |row: &[String]| {
-        let parts: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (c, &w))| {
-                if left(i) {
-                    format!("{c:<w$}")
-                } else {
-                    format!("{c:>w$}")
-                }
-            })
-            .collect();
-        format!("| {} |\n", parts.join(" | "))
-    };
-    let mut out = line(&HEAD.map(String::from));
-    let rule: Vec<String> = widths
-        .iter()
-        .enumerate()
-        .map(|(i, &w)| {
-            if left(i) {
-                "-".repeat(w)
+    use Align::{Left, Right};
+    let mut t = Table::new([
+        ("case", Left),
+        ("dtype", Left),
+        ("ms", Right),
+        ("KV MB", Right),
+        ("GB/s", Right),
+        ("GFLOP/s", Right),
+        ("roofline", Right),
+        ("bound", Left),
+    ]);
+    for r in rows {
+        t.push(vec![
+            r.id.clone(),
+            r.kv_dtype.name().to_string(),
+            format!("{:.3}", r.seconds * 1e3),
+            format!("{:.1}", r.kv_bytes as f64 / 1e6),
+            format!("{:.2}", r.gbps),
+            if r.flops == 0 {
+                "-".into()
             } else {
-                format!("{}:", "-".repeat(w - 1))
-            }
-        })
-        .collect();
-    out.push_str(&format!("| {} |\n", rule.join(" | ")));
-    for c in &cells {
-        out.push_str(&line(c));
+                format!("{:.2}", r.gflops)
+            },
+            format!("{:.1}%", 100.0 * r.roofline_fraction),
+            r.bound.name().to_string(),
+        ]);
     }
-    out
+    t.markdown()
 }
 
 /// The lines describing the adapter and its ceilings.
@@ -159,4 +125,46 @@ pub fn progress(r: &Row, prepare_seconds: f64) -> String {
         100.0 * r.roofline_fraction,
         r.bound.name()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvattn::bench::cases::{row, Case, Measurement};
+    use kvattn::bench::{Ceilings, Trial};
+    use kvattn::quant::KvDtype;
+
+    /// The JSON (serde) and the CSV (columns) name the same fields in the same order.
+    #[test]
+    fn csv_columns_are_the_json_keys() {
+        let case = Case::decode(KvDtype::F16, 128);
+        let ceilings = Ceilings {
+            copy_gbps: 10.0,
+            copy_trials: vec![Trial {
+                workgroups: 64,
+                rate: 10.0,
+            }],
+            copy_footprint: 1 << 20,
+            f32_gflops: 100.0,
+            f16_gflops: None,
+            timestamps: false,
+        };
+        let m = Measurement {
+            median_seconds: 1e-3,
+            min_seconds: 9e-4,
+            timestamps: false,
+        };
+        let r = row(&case, &m, &ceilings);
+        let text = json(std::slice::from_ref(&r));
+        // Every key once, in column order.
+        assert_eq!(text.matches("\": ").count(), COLUMNS.len(), "{text}");
+        let at: Vec<usize> = COLUMNS
+            .iter()
+            .map(|(name, _)| text.find(&format!("\"{name}\": ")).expect(name))
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{text}");
+        let names: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
+        let header = csv(&[r]);
+        assert!(header.starts_with(&format!("{}\n", names.join(","))));
+    }
 }
