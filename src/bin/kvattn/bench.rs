@@ -1,5 +1,5 @@
 //! `kvattn bench`: the adapter's ceilings, then every selected case timed and judged against
-//! them (DESIGN.md section 10). The ceilings are measured in the same run as the cases: copy
+//! them (`docs/ARCHITECTURE.md`, section 13, Benchmarks). The ceilings are measured in the same run as the cases: copy
 //! bandwidth and FMA rate; a case's roofline time is `max(bytes / bandwidth, flops / rate)` and
 //! it is judged by the fraction of that it reaches.
 
