@@ -2,101 +2,98 @@
 //!
 //! Without arguments: the KV-cache article's toy experiment on the GPU (a 2-layer decoder with
 //! seeded random weights generating greedily with and without the KV cache; see
-//! `kvattn::decoder::toy`). `--json` prints its results as one object.
+//! `kvattn::decoder::toy`). `--json` prints its results as one object (`examples/common`: NaN
+//! and infinities are `null` beside a `<field>_non_finite` field).
 //!
 //! With `--model PATH`: a Llama-family GGUF model (e.g. SmolLM2-135M-Instruct) generating text
 //! through kvattn's kernels, streamed as it is produced.
 //!
 //! ```text
-//! cargo run --release --example decoder [-- --json]
-//! cargo run --release --example decoder -- --model SmolLM2-135M-Instruct.Q4_1.gguf \
-//!     --prompt "What is the capital of France?" [--raw] [--max-tokens 64] \
-//!     [--temperature 0] [--top-k 0] [--top-p 1] [--seed 0] [--kv-dtype f16]
+//! cargo run --release --features decoder --example decoder [-- --json] [--quick]
+//! cargo run --release --features decoder --example decoder -- \
+//!     --model SmolLM2-135M-Instruct.Q4_1.gguf --prompt "What is the capital of France?" \
+//!     [--raw] [--max-tokens 64] [--temperature 0] [--top-k 0] [--top-p 1] [--seed 0] \
+//!     [--kv-dtype f16]
 //! ```
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
+use clap::Parser;
 use kvattn::decoder::generate::{generate_text, per_step_line, TextOptions};
 use kvattn::decoder::load::load_gguf;
+use kvattn::decoder::sampling::Sampling;
 use kvattn::decoder::toy::{self, ToyOptions, ToyReport};
 use kvattn::gpu::Context;
-use kvattn::{Error, Result};
+use kvattn::quant::KvDtype;
+use kvattn::Result;
 
-const USAGE: &str = "\
-decoder: the KV-cache toy experiment (default) or a GGUF model generating text
+mod common;
+use common::Object;
 
-  cargo run --release --example decoder [-- --json] [--quick]
-  cargo run --release --example decoder -- --model FILE.gguf [--prompt TEXT] [--raw]
-      [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--kv-dtype D]
-
-  --json          the toy experiment's results as one JSON object
-  --quick         the toy experiment at lengths 64 and 128 with a 256-token prefill
-  --model FILE    a Llama-family GGUF file (F32/F16/Q8_0/Q4_0/Q4_1 tensors)
-  --prompt TEXT   the user message (default: a question about France)
-  --raw           the prompt as is, without the chat template
-  --max-tokens N  tokens to generate at most (default 64)
-  --temperature T 0 for greedy (default), else sampling with --top-k/--top-p and --seed
-  --kv-dtype D    KV cache format: f32, f16 (default), bf16, fp8-e4m3, fp8-e5m2, int8, int4";
-
-/// Command-line options.
-#[derive(Debug, Clone)]
-struct Opts {
+/// The example decoder: the KV-cache toy experiment (default) or a GGUF model generating text.
+///
+/// Without --model: a 2-layer decoder with seeded random weights generates greedily with and
+/// without the paged KV cache on the GPU (no download). With --model: a Llama-family GGUF
+/// model answers --prompt through kvattn's kernels, streamed as it is produced.
+#[derive(Debug, Parser)]
+#[command(name = "decoder")]
+struct Args {
+    /// Print the toy experiment's results as one JSON object (NaN and infinities: null and a
+    /// `<field>_non_finite` field)
+    #[arg(long, conflicts_with = "model")]
     json: bool,
+    /// The toy experiment at lengths 64 and 128 with a 256-token prefill
+    #[arg(long, conflicts_with = "model")]
     quick: bool,
-    model: Option<String>,
-    text: TextOptions,
+    /// A Llama-family GGUF file (F32/F16/Q8_0/Q4_0/Q4_1 tensors) to generate text with
+    #[arg(long, value_name = "FILE")]
+    model: Option<PathBuf>,
+    /// The user message
+    #[arg(long, value_name = "TEXT", requires = "model", default_value_t = TextOptions::default().prompt)]
+    prompt: String,
+    /// Use the prompt as is, without the chat template
+    #[arg(long, requires = "model")]
+    raw: bool,
+    /// Tokens to generate at most
+    #[arg(long, value_name = "N", requires = "model", default_value_t = TextOptions::default().max_tokens)]
+    max_tokens: usize,
+    /// 0 for greedy, else sampling with --top-k, --top-p and --seed
+    #[arg(long, value_name = "T", requires = "model", default_value_t = Sampling::default().temperature)]
+    temperature: f32,
+    /// Keep the K most likely tokens when sampling (0: all)
+    #[arg(long, value_name = "K", requires = "model", default_value_t = Sampling::default().top_k)]
+    top_k: usize,
+    /// Keep the most likely tokens up to probability P when sampling (1: all)
+    #[arg(long, value_name = "P", requires = "model", default_value_t = Sampling::default().top_p)]
+    top_p: f32,
+    /// Seed of the sampling draws
+    #[arg(long, value_name = "S", requires = "model", default_value_t = Sampling::default().seed)]
+    seed: u64,
+    /// KV cache format: f32, f16, bf16, fp8-e4m3, fp8-e5m2, int8, int4
+    #[arg(long, value_name = "D", requires = "model", default_value_t = TextOptions::default().kv_dtype)]
+    kv_dtype: KvDtype,
 }
 
-fn parse() -> Result<Opts> {
-    let mut o = Opts {
-        json: false,
-        quick: false,
-        model: None,
-        text: TextOptions {
+impl Args {
+    /// The generation options of `--model`, with every decode step profiled.
+    fn text_options(&self) -> TextOptions {
+        TextOptions {
+            prompt: self.prompt.clone(),
+            raw: self.raw,
+            max_tokens: self.max_tokens,
+            sampling: Sampling {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                seed: self.seed,
+            },
+            kv_dtype: self.kv_dtype,
             profile: true,
             ..TextOptions::default()
-        },
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let bad = |m: String| Error::InvalidArgument(m);
-    let mut i = 0;
-    while i < args.len() {
-        let flag = args[i].as_str();
-        match flag {
-            "--json" => o.json = true,
-            "--quick" => o.quick = true,
-            "--raw" => o.text.raw = true,
-            "--help" | "-h" => {
-                println!("{}", USAGE);
-                std::process::exit(0);
-            }
-            _ => {
-                let value = args
-                    .get(i + 1)
-                    .ok_or_else(|| bad(format!("{flag} needs a value")))?
-                    .clone();
-                i += 1;
-                let num = |what: &str| -> Result<f64> {
-                    value
-                        .parse::<f64>()
-                        .map_err(|_| bad(format!("{what}: {value:?} is not a number")))
-                };
-                match flag {
-                    "--model" => o.model = Some(value.clone()),
-                    "--prompt" => o.text.prompt = value.clone(),
-                    "--max-tokens" => o.text.max_tokens = num(flag)? as usize,
-                    "--temperature" => o.text.sampling.temperature = num(flag)? as f32,
-                    "--top-k" => o.text.sampling.top_k = num(flag)? as usize,
-                    "--top-p" => o.text.sampling.top_p = num(flag)? as f32,
-                    "--seed" => o.text.sampling.seed = num(flag)? as u64,
-                    "--kv-dtype" => o.text.kv_dtype = value.parse()?,
-                    _ => return Err(bad(format!("unknown flag {flag}; see --help"))),
-                }
-            }
         }
-        i += 1;
     }
-    Ok(o)
 }
 
 fn print_toy(r: &ToyReport) {
@@ -157,58 +154,92 @@ fn print_toy(r: &ToyReport) {
     }
 }
 
-fn toy_json(r: &ToyReport) -> String {
-    let lengths: Vec<String> = r
+/// The toy experiment's results as one JSON object.
+fn toy_json(r: &ToyReport) -> Object {
+    let lengths: Vec<Object> = r
         .lengths
         .iter()
         .map(|l| {
-            format!(
-                "{{\"length\":{},\"flops_cached\":{},\"flops_uncached\":{},\"seconds_cached\":{},\"seconds_uncached\":{},\"tokens_match\":{},\"max_logit_diff\":{:e}}}",
-                l.length, l.flops_cached, l.flops_uncached, l.seconds_cached, l.seconds_uncached,
-                l.tokens_match, l.max_logit_diff
-            )
+            let windows: Vec<Object> = l
+                .windows
+                .iter()
+                .map(|&(start, cached, uncached)| {
+                    Object::new()
+                        .set("start", start)
+                        .set("end", start + 64)
+                        .set("seconds_cached", cached)
+                        .set("seconds_uncached", uncached)
+                })
+                .collect();
+            Object::new()
+                .set("length", l.length)
+                .set("flops_cached", l.flops_cached)
+                .set("flops_uncached", l.flops_uncached)
+                .set("seconds_cached", l.seconds_cached)
+                .set("seconds_uncached", l.seconds_uncached)
+                .set("tokens_match", l.tokens_match)
+                .set("max_logit_diff", l.max_logit_diff)
+                .set("windows", windows)
         })
         .collect();
-    let caches: Vec<String> = r
-        .cache_bytes
-        .iter()
-        .map(|c| {
-            format!(
-                "\"{}\":{{\"measured\":{},\"formula\":{},\"kv_heads\":{}}}",
-                c.name, c.measured, c.formula, c.kv_heads
-            )
-        })
-        .collect();
-    let tokens_match = r.lengths.iter().all(|l| l.tokens_match);
+    let caches = r.cache_bytes.iter().fold(Object::new(), |o, c| {
+        let layout = Object::new()
+            .set("measured", c.measured)
+            .set("formula", c.formula)
+            .set("kv_heads", c.kv_heads)
+            .set("logits_agree", c.logits_agree);
+        o.set(c.name, layout)
+    });
+    let (tokens, seconds) = decode_totals(r);
+    // The largest difference; a NaN anywhere makes it NaN (f64::max would skip it).
     let max_diff = r
         .lengths
         .iter()
         .map(|l| l.max_logit_diff)
-        .fold(0.0, f64::max);
-    format!(
-        "{{\"tokens_match\":{tokens_match},\"max_logit_diff\":{max_diff:e},\"lengths\":[{}],\"cache_bytes\":{{{}}}}}",
-        lengths.join(","),
-        caches.join(",")
-    )
+        .fold(0.0, |m: f64, d| {
+            if m.is_nan() || d.is_nan() {
+                f64::NAN
+            } else {
+                m.max(d)
+            }
+        });
+    Object::new()
+        .set("tokens_match", r.lengths.iter().all(|l| l.tokens_match))
+        .set("max_logit_diff", max_diff)
+        .set("lengths", lengths)
+        .set("cache_bytes", caches)
+        .set(
+            "decode",
+            Object::new()
+                .set("tokens", tokens)
+                .set("seconds", seconds)
+                .set("tokens_per_second", tokens as f64 / seconds),
+        )
 }
 
-fn main() -> std::process::ExitCode {
-    match run() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+/// Decode steps of the first length's cached run and their wall-clock seconds.
+fn decode_totals(r: &ToyReport) -> (usize, f64) {
+    let steps = &r.decode_profile;
+    (steps.len(), steps.iter().map(|p| p.wall_seconds).sum())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("decoder: {e}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
 }
 
-fn run() -> Result<()> {
-    let o = parse()?;
+fn run(args: &Args) -> Result<()> {
     let ctx = Context::new()?;
-    if let Some(path) = &o.model {
-        return run_model(&ctx, path, &o.text);
+    if let Some(path) = &args.model {
+        return run_model(&ctx, path, &args.text_options());
     }
-    if !o.json {
+    if !args.json {
         println!(
             "adapter: {} ({})",
             ctx.adapter().name,
@@ -217,36 +248,35 @@ fn run() -> Result<()> {
         std::io::stdout().flush().ok();
     }
     let mut toy_opts = ToyOptions::default();
-    if o.quick {
+    if args.quick {
         toy_opts.lengths = vec![64, 128];
         toy_opts.prefill = 256;
     }
     let report = toy::run(&ctx, &toy_opts)?;
-    if o.json {
-        println!("{}", toy_json(&report));
+    if args.json {
+        common::print(toy_json(&report));
     } else {
         print_toy(&report);
-        let steps = &report.decode_profile;
-        let wall: f64 = steps.iter().map(|p| p.wall_seconds).sum();
+        let (tokens, wall) = decode_totals(&report);
         println!(
             "\ndecode: {} tokens in {:.2} s ({:.2} tokens/s), the first length's cached run",
-            steps.len(),
+            tokens,
             wall,
-            steps.len() as f64 / wall.max(1e-9)
+            tokens as f64 / wall.max(1e-9)
         );
-        println!("{}", per_step_line(steps));
+        println!("{}", per_step_line(&report.decode_profile));
     }
     Ok(())
 }
 
 /// Loads the GGUF model (with a progress bar) and streams its answer.
-fn run_model(ctx: &Context, path: &str, opts: &TextOptions) -> Result<()> {
+fn run_model(ctx: &Context, path: &Path, opts: &TextOptions) -> Result<()> {
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template("loading {msg} {bar:40} {pos}/{len} tensors")
             .expect("a valid template"),
     );
-    bar.set_message(path.to_string());
+    bar.set_message(path.display().to_string());
     let loaded = load_gguf(ctx, path, opts.precision, |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
@@ -254,7 +284,7 @@ fn run_model(ctx: &Context, path: &str, opts: &TextOptions) -> Result<()> {
     bar.finish_and_clear();
     eprintln!(
         "{}: {} layers, {} heads ({} KV) of {}, vocab {}; adapter {} ({}); KV {}",
-        path,
+        path.display(),
         loaded.model.config().layers,
         loaded.model.config().n_heads,
         loaded.model.config().n_kv_heads,
