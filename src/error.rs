@@ -156,13 +156,13 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// A GGUF model file could not be read or parsed (I/O failure, truncated or corrupt data, an
-    /// unsupported version or tensor type), or lacks a key or tensor the caller needs.
+    /// A GGUF model file could not be parsed (truncated or corrupt data, an unsupported version
+    /// or tensor type), or lacks a key or tensor the caller needs. A file that cannot be read at
+    /// all is [`Error::Io`].
     #[error("GGUF: {0}")]
     Gguf(String),
     /// A tokenizer could not be built from a model's vocabulary and merges (an unsupported
-    /// model or pre-tokenizer, inconsistent token lists, a malformed merge), or a chat prompt
-    /// could not be rendered.
+    /// model or pre-tokenizer, inconsistent token lists, a malformed merge).
     #[error("tokenizer: {0}")]
     Tokenizer(String),
 }

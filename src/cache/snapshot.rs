@@ -102,8 +102,12 @@ fn words_of(bytes: &[u8]) -> Vec<u32> {
         .collect()
 }
 
-fn st_err(e: safetensors::SafeTensorError) -> Error {
-    Error::Snapshot(e.to_string())
+/// A safetensors error while doing `what` with a snapshot.
+fn st_err(what: &str) -> impl FnOnce(safetensors::SafeTensorError) -> Error + '_ {
+    move |source| Error::Safetensors {
+        what: format!("snapshot: {what}"),
+        source,
+    }
 }
 
 impl PagedKvCache {
@@ -136,7 +140,8 @@ impl PagedKvCache {
             .map(|(name, shape, data)| {
                 Ok((
                     name.clone(),
-                    TensorView::new(Dtype::U32, shape.clone(), data).map_err(st_err)?,
+                    TensorView::new(Dtype::U32, shape.clone(), data)
+                        .map_err(st_err("exporting a tensor"))?,
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -148,20 +153,21 @@ impl PagedKvCache {
                 .map(|(name, shape, data)| (name.as_str(), shape.as_slice(), data.as_slice())),
         );
         meta.insert(CHECKSUM_KEY.into(), format!("{crc:08x}"));
-        safetensors::serialize(views, Some(meta)).map_err(st_err)
+        safetensors::serialize(views, Some(meta)).map_err(st_err("serializing"))
     }
 
-    /// Imports a snapshot as a new sequence `seq`. Refuses with [`Error::Snapshot`] a file that
-    /// is not a snapshot, one of another format version, one whose contents do not match its
-    /// checksum (corrupt), any header that differs from this cache's own (block size excepted),
-    /// and any tensor of the wrong dtype or shape; [`Error::SequenceExists`] when `seq` is taken
+    /// Imports a snapshot as a new sequence `seq`. Refuses with [`Error::Safetensors`] bytes
+    /// that are not safetensors, and with [`Error::Snapshot`] a file that is not a snapshot, one
+    /// of another format version, one whose contents do not match its checksum (corrupt), any
+    /// header that differs from this cache's own (block size excepted), and any tensor of the
+    /// wrong dtype or shape; [`Error::SequenceExists`] when `seq` is taken
     /// and [`Error::OutOfBlocks`] when the cache lacks room. On any error the cache is unchanged.
     pub fn import_snapshot(&mut self, ctx: &Context, seq: SeqId, bytes: &[u8]) -> Result<()> {
         if self.allocator().contains(seq) {
             return Err(Error::SequenceExists(seq));
         }
-        let st = SafeTensors::deserialize(bytes).map_err(st_err)?;
-        let (_, meta) = SafeTensors::read_metadata(bytes).map_err(st_err)?;
+        let st = SafeTensors::deserialize(bytes).map_err(st_err("not safetensors"))?;
+        let (_, meta) = SafeTensors::read_metadata(bytes).map_err(st_err("not safetensors"))?;
         let found = meta
             .metadata()
             .clone()

@@ -804,10 +804,16 @@ fn align_up(x: u64, align: u64) -> Option<u64> {
 
 impl GgufFile {
     /// Reads and parses the file at `path` (the whole file is read into memory).
+    ///
+    /// # Errors
+    /// [`Error::Io`] (naming `path`, with the I/O error as its source) when the file cannot be
+    /// read; [`Error::Gguf`] (naming `path`) when it is not a valid GGUF file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path)
-            .map_err(|e| gguf_err(format!("cannot read {}: {e}", path.display())))?;
+        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+            what: format!("GGUF: cannot read {}", path.display()),
+            source,
+        })?;
         Self::parse(bytes).map_err(|e| match e {
             Error::Gguf(m) => gguf_err(format!("{}: {m}", path.display())),
             other => other,

@@ -40,7 +40,7 @@ use crate::{Error, Result};
 const GPT2_SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+";
 
 fn tok_err(msg: impl Into<String>) -> Error {
-    Error::Gguf(msg.into())
+    Error::Tokenizer(msg.into())
 }
 
 /// Kind of a vocabulary entry (`tokenizer.ggml.token_type`, llama.cpp's numbering).
@@ -178,6 +178,11 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// Builds the tokenizer from `tokenizer.ggml.*` metadata. Requires `tokenizer.ggml.model =
     /// gpt2` and a supported `tokenizer.ggml.pre` (see [`PreTokenizer::from_name`]).
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] when a key is missing or of the wrong type; [`Error::Tokenizer`] for an
+    /// unsupported model or pre-tokenizer, token lists of different lengths, an unknown token
+    /// type or a malformed merge.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let model = file.get_str("tokenizer.ggml.model")?;
         if model != "gpt2" {

@@ -369,7 +369,7 @@ fn snapshots_round_trip_and_refuse_mismatches() {
     garbage.truncate(bytes.len() / 2);
     assert!(matches!(
         cache.import_snapshot(ctx, 6, &garbage),
-        Err(Error::Snapshot(_))
+        Err(Error::Safetensors { .. })
     ));
     // Not enough room: refused with OutOfBlocks, nothing left behind.
     let mut small = PagedKvCache::new(ctx, config(KvDtype::F16, 16), PoolSize::Blocks(2)).unwrap();

@@ -21,7 +21,10 @@ pub fn invalid(msg: impl Into<String>) -> Error {
 
 /// Reads a whole file ("cannot read PATH: why" if it is missing or unreadable).
 pub fn read_file(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))
+    std::fs::read(path).map_err(|source| Error::Io {
+        what: format!("cannot read {}", path.display()),
+        source,
+    })
 }
 
 /// A parsed safetensors file: its tensors and its metadata strings.
@@ -43,8 +46,9 @@ impl<'a> CaseFile<'a> {
     /// Parses `bytes` read from `path` (named in error messages).
     pub fn parse(bytes: &'a [u8], path: &Path) -> Result<Self> {
         let path = path.display().to_string();
-        let not_st = |e: safetensors::SafeTensorError| {
-            invalid(format!("{path} is not a safetensors file ({e})"))
+        let not_st = |source| Error::Safetensors {
+            what: format!("{path} is not a safetensors file"),
+            source,
         };
         let st = SafeTensors::deserialize(bytes).map_err(not_st)?;
         let (_, header) = SafeTensors::read_metadata(bytes).map_err(not_st)?;
@@ -339,16 +343,24 @@ pub fn write_atomic(
         .map(|t| {
             TensorView::new(t.dtype, t.shape.clone(), &t.bytes)
                 .map(|v| (t.name, v))
-                .map_err(|e| invalid(format!("tensor {}: {e}", t.name)))
+                .map_err(|source| Error::Safetensors {
+                    what: format!("tensor {}", t.name),
+                    source,
+                })
         })
         .collect::<Result<Vec<_>>>()?;
-    let bytes = safetensors::serialize(views, Some(meta))
-        .map_err(|e| invalid(format!("cannot serialize the result: {e}")))?;
+    let bytes = safetensors::serialize(views, Some(meta)).map_err(|source| Error::Safetensors {
+        what: "cannot serialize the result".into(),
+        source,
+    })?;
     let tmp = temp_path(path);
     let result = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, path));
-    result.map_err(|e| {
+    result.map_err(|source| {
         let _ = std::fs::remove_file(&tmp);
-        invalid(format!("cannot write {}: {e}", path.display()))
+        Error::Io {
+            what: format!("cannot write {}", path.display()),
+            source,
+        }
     })
 }
 

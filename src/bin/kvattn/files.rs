@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kvattn::Result;
+use kvattn::{Error, Result};
 
 use crate::case::invalid;
 
@@ -22,8 +22,10 @@ pub fn check_outputs(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> Res
         .collect();
     for &(flag, path) in outputs {
         check_writable(flag, path)?;
-        let id = identity(path)
-            .map_err(|e| invalid(format!("{flag} {}: cannot resolve it: {e}", path.display())))?;
+        let id = identity(path).map_err(|source| Error::Io {
+            what: format!("{flag} {}: cannot resolve it", path.display()),
+            source,
+        })?;
         if let Some((other, other_path, _)) = seen.iter().find(|s| s.2 == id) {
             return Err(invalid(format!(
                 "{flag} {} is the same file as {other} {}; give {flag} a path of its own",
@@ -89,11 +91,14 @@ fn check_writable(flag: &str, path: &Path) -> Result<()> {
             let _ = std::fs::remove_file(&probe);
             Ok(())
         }
-        Err(e) => Err(invalid(format!(
-            "{flag} {}: cannot write in the directory {}: {e}",
-            path.display(),
-            dir.display()
-        ))),
+        Err(source) => Err(Error::Io {
+            what: format!(
+                "{flag} {}: cannot write in the directory {}",
+                path.display(),
+                dir.display()
+            ),
+            source,
+        }),
     }
 }
 
@@ -114,21 +119,29 @@ pub fn write_all_or_none(files: &[(&Path, String)]) -> Result<()> {
         }
     };
     for ((path, text), tmp) in files.iter().zip(&temps) {
-        if let Err(e) = std::fs::write(tmp, text) {
+        if let Err(source) = std::fs::write(tmp, text) {
             cleanup(&temps);
-            return Err(invalid(format!("cannot write {}: {e}", path.display())));
+            return Err(cannot_write(path, source));
         }
     }
     for (i, ((path, _), tmp)) in files.iter().zip(&temps).enumerate() {
-        if let Err(e) = std::fs::rename(tmp, path) {
+        if let Err(source) = std::fs::rename(tmp, path) {
             cleanup(&temps);
             for (done, _) in &files[..i] {
                 let _ = std::fs::remove_file(done);
             }
-            return Err(invalid(format!("cannot write {}: {e}", path.display())));
+            return Err(cannot_write(path, source));
         }
     }
     Ok(())
+}
+
+/// "cannot write PATH: why", the I/O error kept as the source.
+fn cannot_write(path: &Path, source: std::io::Error) -> Error {
+    Error::Io {
+        what: format!("cannot write {}", path.display()),
+        source,
+    }
 }
 
 #[cfg(test)]
