@@ -135,7 +135,7 @@ impl Context {
     }
 
     /// Binds `buffers` to bindings 0, 1, ... of group 0 (layout taken from the shader), records
-    /// one dispatch of `workgroups` and submits it. A refused bind group is [`Error::Gpu`] (or
+    /// one dispatch of `workgroups` and submits it. A refused bind group is [`Error::Wgpu`] (or
     /// [`Error::OutOfMemory`], [`Error::DeviceLost`]) from this call; errors of the submission
     /// come back at the next sync point (see [`Context::submit`]).
     pub fn dispatch(

@@ -211,7 +211,7 @@ impl Rope {
     /// [`Error::InvalidArgument`] when `x` and `out` are the same buffer, a buffer lacks
     /// `STORAGE` usage or a binding's offset is not aligned to
     /// `min_storage_buffer_offset_alignment`; [`Error::TooLarge`] when one token exceeds the
-    /// storage binding limit; [`Error::Gpu`] or [`Error::Shader`] from wgpu.
+    /// storage binding limit; [`Error::Wgpu`] or [`Error::Shader`] from wgpu.
     pub fn prepare<'a>(ctx: &Context, args: &RopeArgs<'a>) -> Result<PreparedRope> {
         let cfg = &args.tables.cfg;
         let elems = cfg.elems(args.tokens)?;
@@ -342,7 +342,7 @@ pub fn encode_rope(
 /// the configuration ([`RopeConfig::validate`]); [`Error::ShapeMismatch`] when `x` or `out` is
 /// smaller than the tensor; [`Error::InvalidArgument`] when `x` and `out` are the same buffer
 /// or either lacks `STORAGE` usage; [`Error::TooLarge`] when one token exceeds the storage
-/// binding limit; [`Error::Gpu`] or [`Error::Shader`] from wgpu.
+/// binding limit; [`Error::Wgpu`] or [`Error::Shader`] from wgpu.
 pub fn rope(
     ctx: &Context,
     cfg: &RopeConfig,

@@ -120,7 +120,7 @@ pub fn decode(ctx: &Context, args: &DecodeArgs) -> Result<()> {
 ///
 /// # Errors
 /// What [`DecodeArgs::validate`] refuses; [`Error::InvalidArgument`] for a buffer without
-/// `STORAGE` usage; [`Error::Gpu`] for a buffer the device refuses to bind.
+/// `STORAGE` usage; [`Error::Wgpu`] for a buffer the device refuses to bind.
 pub fn encode_decode(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,

@@ -65,7 +65,7 @@ pub fn merge_states(
 /// # Errors
 /// [`Error::UnsupportedHeadDim`] unless `head_dim_v` is a positive multiple of 4;
 /// [`Error::InvalidArgument`] for a state too small, a buffer without `STORAGE` usage or `out`
-/// sharing a buffer with `a` or `b`; [`Error::Gpu`] for a buffer the device refuses to bind.
+/// sharing a buffer with `a` or `b`; [`Error::Wgpu`] for a buffer the device refuses to bind.
 pub fn encode_merge_states(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,

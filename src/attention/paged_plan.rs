@@ -863,7 +863,7 @@ impl PagedAttentionPlan {
     /// [`Error::InvalidArgument`]: no batch yet, another cache than the plan's, a binding
     /// without `STORAGE` usage, at an offset that is not a multiple of
     /// `min_storage_buffer_offset_alignment`, too small for the batch, or `out` overlapping
-    /// `lse`; [`Error::Gpu`] for a buffer the device refuses to bind (one of another device).
+    /// `lse`; [`Error::Wgpu`] for a buffer the device refuses to bind (one of another device).
     pub fn encode(
         &self,
         ctx: &Context,

@@ -33,7 +33,7 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
 /// # Errors
 /// [`Error::InvalidArgument`] when `bytes` is 0, not a multiple of 16 or past a u32 count of
 /// vec4 values, or `workgroups` is 0 or past the adapter's limit; [`Error::ShapeMismatch`] when
-/// a buffer is smaller than `bytes`; [`Error::Gpu`] from wgpu.
+/// a buffer is smaller than `bytes`; [`Error::Wgpu`] from wgpu.
 pub fn copy_bytes(
     ctx: &Context,
     src: &wgpu::Buffer,

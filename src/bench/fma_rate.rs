@@ -40,7 +40,7 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
 /// [`Error::InvalidArgument`] when `workgroups` or `iters` is 0 or `workgroups` is past the
 /// adapter's limit, [`Error::MissingFeature`] for f16 without
 /// `SHADER_F16`, [`Error::ShapeMismatch`] when `out` holds fewer than 4 values per
-/// invocation, [`Error::Gpu`] from wgpu.
+/// invocation, [`Error::Wgpu`] from wgpu.
 pub fn fma_chains(
     ctx: &Context,
     precision: Precision,

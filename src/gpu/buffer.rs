@@ -50,7 +50,7 @@ impl Context {
 
     /// A buffer of `usage` holding `contents` (zero-padded to a multiple of 4 bytes, and to at
     /// least `min_bytes`), created under error scopes and filled through a mapping: a refused
-    /// creation is [`Error::Gpu`] / [`Error::OutOfMemory`] / [`Error::DeviceLost`], never
+    /// creation is [`Error::Wgpu`] / [`Error::OutOfMemory`] / [`Error::DeviceLost`], never
     /// wgpu's panic in `create_buffer_init`.
     pub(crate) fn buffer_with(
         &self,

@@ -165,7 +165,7 @@ impl Capabilities {
 /// # GPU errors
 /// wgpu's own default turns every error it raises into a panic. kvattn never relies on it: it
 /// creates buffers and bind groups inside error scopes (a refused creation comes back from that
-/// call as [`Error::Gpu`] or [`Error::OutOfMemory`]), and gives every submission one set of
+/// call as [`Error::Wgpu`] or [`Error::OutOfMemory`]), and gives every submission one set of
 /// scopes whose errors come back, typed, from the next readback or
 /// [`Context::check_errors`] / [`Context::wait`] (see [`Context::submit`]).
 ///
@@ -500,7 +500,7 @@ impl Context {
     }
 
     /// Runs `f` inside validation, out-of-memory and internal error scopes: a wgpu error raised
-    /// by what `f` records on this thread becomes [`Error::Gpu`] or [`Error::OutOfMemory`]
+    /// by what `f` records on this thread becomes [`Error::Wgpu`] or [`Error::OutOfMemory`]
     /// (naming `what`) instead of a panic in wgpu's default handler. Fails with
     /// [`Error::DeviceLost`] without running `f` when the device is known to be lost, and after
     /// it when the device was lost meanwhile (an error in the scope waits for the queue to find

@@ -191,7 +191,7 @@ impl Context {
     /// # Errors
     /// [`Error::InvalidArgument`] when `buffer` holds fewer than `len` elements or lacks
     /// `COPY_SRC`; the errors of earlier submissions (see [`Context::check_errors`]);
-    /// [`Error::Gpu`] when the mapping fails; [`Error::DeviceLost`].
+    /// [`Error::WgpuCall`] when the mapping fails; [`Error::DeviceLost`].
     pub async fn read_back_async<T: Pod>(
         &self,
         buffer: &wgpu::Buffer,
@@ -236,7 +236,7 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::DeviceLost`] once the device is lost; the errors of every submission so far (see
-    /// [`Context::check_errors`]); [`Error::Gpu`] when the wait itself fails.
+    /// [`Context::check_errors`]); [`Error::WgpuCall`] when the wait itself fails.
     pub fn wait(&self) -> Result<()> {
         self.check_lost()?;
         self.poll(wgpu::PollType::wait_indefinitely())?;

@@ -217,7 +217,7 @@ impl Context {
         self.submit(what, encoder)
     }
 
-    /// A buffer made by `desc`, checked on the spot: a refused creation is [`Error::Gpu`],
+    /// A buffer made by `desc`, checked on the spot: a refused creation is [`Error::Wgpu`],
     /// [`Error::OutOfMemory`] or [`Error::DeviceLost`].
     pub fn create_buffer(&self, desc: &wgpu::BufferDescriptor<'_>) -> Result<wgpu::Buffer> {
         let buffer = self.scoped(desc.label.unwrap_or("buffer"), || {
@@ -229,7 +229,7 @@ impl Context {
 
     /// A bind group binding `resources` to bindings 0, 1, ... of group 0 of `pipeline` (layout
     /// taken from the shader), checked on the spot: a buffer of another device, without the
-    /// usage the shader needs or bound past its end is [`Error::Gpu`] naming `label`.
+    /// usage the shader needs or bound past its end is [`Error::Wgpu`] naming `label`.
     pub fn bind_group(
         &self,
         label: &str,

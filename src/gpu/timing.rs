@@ -81,7 +81,7 @@ impl Context {
     /// `f` runs are timed with it.
     ///
     /// # Errors
-    /// What `f` returns, and [`Error::Gpu`] (or [`Error::OutOfMemory`], [`Error::DeviceLost`])
+    /// What `f` returns, and [`Error::Wgpu`] (or [`Error::OutOfMemory`], [`Error::DeviceLost`])
     /// when creating the queries, waiting or reading the timestamps fails.
     pub fn timed<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(T, Timing)> {
         self.wait()?;

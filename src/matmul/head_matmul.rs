@@ -322,7 +322,7 @@ impl HeadMatmul {
     /// [`Error::ShapeMismatch`] when a buffer is smaller than the largest index the product
     /// touches; [`Error::InvalidArgument`] when y is also x or w, a buffer lacks `STORAGE`
     /// usage, or `heads` exceeds the adapter's workgroups per dimension; [`Error::TooLarge`]
-    /// when w, or one row of x or y, exceeds a storage binding; [`Error::Gpu`] or
+    /// when w, or one row of x or y, exceeds a storage binding; [`Error::Wgpu`] or
     /// [`Error::Shader`] from wgpu.
     pub fn prepare(
         &self,

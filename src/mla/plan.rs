@@ -162,7 +162,7 @@ impl MlaPlan {
     /// Checked before anything is recorded: [`Error::InvalidArgument`] for weights of another
     /// shape, a layer the cache lacks, or an `io` buffer without `STORAGE` usage;
     /// [`Error::ShapeMismatch`] for an `io` buffer smaller than the batch. The plan's own
-    /// scratch and row lists need no check; a device-level refusal ([`Error::Gpu`]) of a bind
+    /// scratch and row lists need no check; a device-level refusal ([`Error::Wgpu`]) of a bind
     /// group made while recording may leave `pass` partly recorded: drop its encoder then.
     pub fn encode(
         &self,

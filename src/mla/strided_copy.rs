@@ -166,7 +166,7 @@ impl StridedCopy {
     /// [`Error::ShapeMismatch`] when a buffer is smaller than the largest index the copy
     /// touches; [`Error::InvalidArgument`] when `src` and `dst` are the same buffer or one
     /// lacks `STORAGE` usage; [`Error::TooLarge`] when one row of either exceeds a storage
-    /// binding; [`Error::Gpu`] or [`Error::Shader`] from wgpu.
+    /// binding; [`Error::Wgpu`] or [`Error::Shader`] from wgpu.
     pub fn prepare(
         &self,
         ctx: &Context,

@@ -178,7 +178,7 @@ pub fn dequantize_gather(
 /// row twice, or names a pool row whose block does not lie inside `pool`, or when a buffer lacks
 /// `STORAGE` usage; [`Error::ShapeMismatch`] when `out` is smaller than its largest row;
 /// [`Error::TooLarge`] when a buffer exceeds the device's storage binding limit;
-/// [`Error::Gpu`] or [`Error::Shader`] from wgpu.
+/// [`Error::Wgpu`] or [`Error::Shader`] from wgpu.
 pub fn encode_dequantize_gather(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,

@@ -156,7 +156,7 @@ impl Prepared {
 ///
 /// # Errors
 /// What [`Case::validate`] finds; [`Error::MissingFeature`] for an f16 kernel without
-/// `SHADER_F16`; [`Error::TooLarge`] or [`Error::Gpu`] when a buffer does not fit the adapter
+/// `SHADER_F16`; [`Error::TooLarge`] or [`Error::Wgpu`] when a buffer does not fit the adapter
 /// (lavapipe allocates at most about 2 GiB at once).
 pub fn prepare(ctx: &Context, case: &Case) -> Result<Prepared> {
     case.validate()?;

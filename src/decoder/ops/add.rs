@@ -73,12 +73,12 @@ pub fn encode_add(
 /// # Errors
 /// Everything is checked before anything is dispatched: [`Error::InvalidArgument`] when `n` is
 /// 0 or does not fit a u32, when a buffer lacks `STORAGE` usage, or when `x` is `y`;
-/// [`Error::ShapeMismatch`] when a buffer holds fewer than `n` f32 values; [`Error::Gpu`] or
+/// [`Error::ShapeMismatch`] when a buffer holds fewer than `n` f32 values; [`Error::Wgpu`] or
 /// [`Error::Shader`] from wgpu.
 ///
 /// [`Error::InvalidArgument`]: crate::Error::InvalidArgument
 /// [`Error::ShapeMismatch`]: crate::Error::ShapeMismatch
-/// [`Error::Gpu`]: crate::Error::Gpu
+/// [`Error::Wgpu`]: crate::Error::Wgpu
 /// [`Error::Shader`]: crate::Error::Shader
 pub fn add_in_place(ctx: &Context, n: usize, x: &wgpu::Buffer, y: &wgpu::Buffer) -> Result<()> {
     let args = AddArgs { n, x, y };

@@ -198,7 +198,7 @@ pub fn encode_embed(
 /// `n_tokens`, `dim` or `vocab` is 0 or does not fit a u32, a product of them overflows, a
 /// buffer lacks `STORAGE` usage, or `out` is `tokens` or `table`; [`Error::ShapeMismatch`] when
 /// a buffer holds fewer values than the shape needs; [`Error::TooLarge`] when one row exceeds
-/// a storage binding; [`Error::Gpu`] or [`Error::Shader`] from wgpu.
+/// a storage binding; [`Error::Wgpu`] or [`Error::Shader`] from wgpu.
 pub fn embed(
     ctx: &Context,
     tokens: &wgpu::Buffer,

@@ -173,7 +173,7 @@ pub fn encode_rms_norm(
 /// or `dim` is 0 or does not fit a u32, `rows * dim` overflows, `eps` is negative or not finite,
 /// a buffer lacks `STORAGE` usage, or `out` is `x` or `weight`; [`Error::ShapeMismatch`] when a
 /// buffer holds fewer values than the shape needs; [`Error::TooLarge`] when one row exceeds a
-/// storage binding; [`Error::Gpu`] or [`Error::Shader`] from wgpu.
+/// storage binding; [`Error::Wgpu`] or [`Error::Shader`] from wgpu.
 pub fn rms_norm(
     ctx: &Context,
     rows: usize,

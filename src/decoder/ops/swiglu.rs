@@ -86,11 +86,11 @@ pub fn encode_swiglu(
 /// Everything is checked before anything is dispatched: [`Error::InvalidArgument`] when `n` is
 /// 0 or does not fit a u32, when a buffer lacks `STORAGE` usage, or when `out` is `gate` or
 /// `up`; [`Error::ShapeMismatch`] when a buffer holds fewer than `n` f32 values;
-/// [`Error::Gpu`] or [`Error::Shader`] from wgpu.
+/// [`Error::Wgpu`] or [`Error::Shader`] from wgpu.
 ///
 /// [`Error::InvalidArgument`]: crate::Error::InvalidArgument
 /// [`Error::ShapeMismatch`]: crate::Error::ShapeMismatch
-/// [`Error::Gpu`]: crate::Error::Gpu
+/// [`Error::Wgpu`]: crate::Error::Wgpu
 /// [`Error::Shader`]: crate::Error::Shader
 pub fn swiglu(
     ctx: &Context,
