@@ -106,6 +106,7 @@ pub mod rope;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod shader;
+pub mod verify;
 
 pub use error::{Error, Result};
 
