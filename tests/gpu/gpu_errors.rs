@@ -1,5 +1,6 @@
 //! wgpu errors as typed errors, never panics: refused copies, buffers past the device's limits,
-//! errors raised outside any error scope, and device loss. Each test opens its own context, so
+//! errors raised outside any error scope, and device loss; wgpu's (and safetensors') own error
+//! kept as the `source()`. Each test opens its own context, so
 //! an error it provokes (or a destroyed device) cannot reach another test.
 
 use kvattn::attention::paged::{paged_attention_host, PagedAttentionArgs, PagedQuery};
@@ -243,4 +244,64 @@ fn device_loss_is_noticed_by_the_first_call_that_needs_the_device() {
     ctx.device.destroy();
     assert!(matches!(attend(&ctx, &s3), Err(Error::DeviceLost(_))));
     drop((s, s2));
+}
+
+#[test]
+fn wgpu_errors_keep_wgpus_error_as_their_source() {
+    use std::error::Error as _;
+    let ctx = own_context(None);
+    let data: Vec<u32> = (0..64).collect();
+    let a = ctx.upload("a", &data).unwrap();
+    let b = ctx.upload("b", &data).unwrap();
+    let mut encoder = ctx.encoder("copy past the end");
+    encoder.copy_buffer_to_buffer(&a, 0, &b, 8, 256);
+    ctx.submit("copy past the end", encoder).unwrap();
+    let err = ctx.check_errors().unwrap_err();
+    let Error::Wgpu { what, source, more } = &err else {
+        panic!("expected Error::Wgpu, got {err:?}");
+    };
+    assert_eq!((what.as_str(), *more), ("copy past the end", 0));
+    assert!(matches!(source, wgpu::Error::Validation { .. }), "{source}");
+    // Through the standard trait: the source is the wgpu::Error, and the message names the
+    // submission and repeats wgpu's description.
+    let wgpu_err = err
+        .source()
+        .and_then(|s| s.downcast_ref::<wgpu::Error>())
+        .expect("the wgpu::Error is the source");
+    let shown = err.to_string();
+    assert!(shown.contains("copy past the end"), "{shown}");
+    assert!(shown.contains(&wgpu_err.to_string()), "{shown}");
+    assert_usable(&ctx);
+
+    // Invalid WGSL: the shader error carries the validation error too.
+    let err = ctx
+        .compile_wgsl(
+            "broken",
+            "@compute @workgroup_size(1) fn main() { let x: u32 = 1.5; }",
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::Shader { .. }), "{err}");
+    assert!(err
+        .source()
+        .and_then(|s| s.downcast_ref::<wgpu::Error>())
+        .is_some());
+}
+
+#[test]
+fn snapshot_bytes_that_are_not_safetensors_keep_the_safetensors_error() {
+    use std::error::Error as _;
+    let ctx = own_context(None);
+    let config = PagedKvConfig::new(1, 1, 32, KvDtype::F16);
+    let mut cache = PagedKvCache::new(&ctx, config, PoolSize::Blocks(4)).unwrap();
+    let err = cache
+        .import_snapshot(&ctx, 1, b"definitely not safetensors")
+        .unwrap_err();
+    assert!(matches!(err, Error::Safetensors { .. }), "{err:?}");
+    assert!(err.to_string().starts_with("snapshot: "), "{err}");
+    assert!(err
+        .source()
+        .and_then(|s| s.downcast_ref::<safetensors::SafeTensorError>())
+        .is_some());
+    // Nothing was created.
+    assert!(cache.block_table(1).is_err());
 }
