@@ -1,7 +1,7 @@
 //! wgpu errors as typed errors, never panics: refused copies, buffers past the device's limits,
 //! errors raised outside any error scope, and device loss; wgpu's (and safetensors') own error
-//! kept as the `source()`. Each test opens its own context, so
-//! an error it provokes (or a destroyed device) cannot reach another test.
+//! kept as the `source()`. Each test opens its own context, so an error it provokes (or a
+//! destroyed device) cannot reach another test.
 
 use kvattn::attention::paged::{paged_attention_host, PagedAttentionArgs, PagedQuery};
 use kvattn::attention::{AttentionOptions, AttentionShape};
