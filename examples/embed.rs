@@ -10,7 +10,11 @@
 //! ```text
 //! cargo run --release --example embed            # WGPU_BACKEND=gl for llvmpipe
 //! ```
+//!
+//! It takes no arguments (`--help` describes it); it exits with an error if the result differs
+//! from the reference or a warm step creates a GPU object.
 
+use clap::Parser;
 use kvattn::attention::paged::{
     AttentionIo, PagedAttentionPlan, PagedQuery, PlanCapacity, PlanSpec, SPLIT_TOKENS,
 };
@@ -27,6 +31,17 @@ const HQ: usize = 8;
 const HKV: usize = 2;
 const D: usize = 64;
 
+/// kvattn inside an application that owns its wgpu device.
+///
+/// Opens an adapter and a device with plain wgpu, hands them to kvattn (Context::from_wgpu),
+/// and records the KV append and the paged attention of two layers into one compute pass of the
+/// application's own encoder, two decode steps, each checked against the CPU reference. Fails
+/// if a result differs or a warm step creates a buffer or bind group. The adapter is the one
+/// WGPU_BACKEND selects.
+#[derive(Debug, Parser)]
+#[command(name = "embed")]
+struct Args {}
+
 /// Deterministic values in [-1, 1), exactly representable in f16 (the cache stores f16).
 fn values(n: usize, seed: u32) -> Vec<f32> {
     (0..n)
@@ -40,6 +55,7 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    Args::parse();
     // 1. The application's adapter and device, made with plain wgpu.
     let instance =
         wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle().with_env());
