@@ -6,12 +6,19 @@
 //! 128-512, 512+) and overall. See `kvattn::decoder::quality`.
 //!
 //! ```text
-//! cargo run --release --example kv_quality -- --model SmolLM2-135M-Instruct.Q4_1.gguf \
-//!     [--text FILE] [--chunk 64] [--json]
+//! cargo run --release --features decoder --example kv_quality -- \
+//!     --model SmolLM2-135M-Instruct.Q4_1.gguf [--text FILE] [--chunk 64] [--json]
 //! ```
+//!
+//! `--json` prints one array of rows (`examples/common`: NaN and infinities are `null` beside a
+//! `<field>_non_finite` field).
 
-use std::path::Path;
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Instant;
+
+use clap::Parser;
 
 use kvattn::cache::paged::{PagedKvCache, PoolSize};
 use kvattn::decoder::load::load_gguf;
@@ -22,15 +29,8 @@ use kvattn::quant::KvDtype;
 use kvattn::shader::Precision;
 use kvattn::{Error, Result};
 
-const USAGE: &str = "\
-kv_quality: greedy-token agreement and KL divergence of each KV format against f16 KV
-
-  cargo run --release --example kv_quality -- --model FILE.gguf [--text FILE] [--chunk N] [--json]
-
-  --model FILE  a Llama-family GGUF file (F32/F16/Q8_0/Q4_0/Q4_1 tensors)
-  --text FILE   the text to feed, at least 1,000 tokens (default examples/data/kv_quality.txt)
-  --chunk N     prefill chunk in tokens (default 64)
-  --json        one JSON array of {kv_dtype, slice, tokens, agreement, mean_kl}";
+mod common;
+use common::Object;
 
 /// The default text, next to this example.
 const DEFAULT_TEXT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/kv_quality.txt");
@@ -41,66 +41,35 @@ const MIN_TOKENS: usize = 1000;
 /// The reference format.
 const REFERENCE: KvDtype = KvDtype::F16;
 
-#[derive(Debug, Clone)]
-struct Opts {
-    model: Option<String>,
-    text: String,
-    chunk: usize,
+/// Greedy-token agreement and KL divergence of each KV format against f16 KV on a real model.
+///
+/// A fixed text (at least 1,000 tokens) is fed teacher-forced through the model in prefill
+/// chunks, once per KV format in lockstep, and every position's next-token distribution is
+/// compared with the f16-KV run's, per context slice (0-128, 128-512, 512+) and overall.
+#[derive(Debug, Parser)]
+#[command(name = "kv_quality")]
+struct Args {
+    /// A Llama-family GGUF file (F32/F16/Q8_0/Q4_0/Q4_1 tensors)
+    #[arg(long, value_name = "FILE")]
+    model: PathBuf,
+    /// The text to feed, at least 1,000 tokens [default: examples/data/kv_quality.txt]
+    #[arg(long, value_name = "FILE", default_value = DEFAULT_TEXT, hide_default_value = true)]
+    text: PathBuf,
+    /// Prefill chunk in tokens
+    #[arg(long, value_name = "N", default_value = "64")]
+    chunk: NonZeroUsize,
+    /// One JSON array of {kv_dtype, slice, tokens, agreement, mean_kl}
+    #[arg(long)]
     json: bool,
 }
 
-fn parse() -> Result<Opts> {
-    let mut o = Opts {
-        model: None,
-        text: DEFAULT_TEXT.to_string(),
-        chunk: 64,
-        json: false,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let bad = |m: String| Error::InvalidArgument(m);
-    let mut i = 0;
-    while i < args.len() {
-        let flag = args[i].as_str();
-        match flag {
-            "--json" => o.json = true,
-            "--help" | "-h" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            "--model" | "--text" | "--chunk" => {
-                let value = args
-                    .get(i + 1)
-                    .ok_or_else(|| bad(format!("{flag} needs a value")))?
-                    .clone();
-                i += 1;
-                match flag {
-                    "--model" => o.model = Some(value),
-                    "--text" => o.text = value,
-                    _ => {
-                        o.chunk =
-                            value
-                                .parse()
-                                .ok()
-                                .filter(|&n: &usize| n > 0)
-                                .ok_or_else(|| {
-                                    bad(format!("--chunk: {value:?} is not a positive integer"))
-                                })?
-                    }
-                }
-            }
-            _ => return Err(bad(format!("unknown argument {flag}; see --help"))),
-        }
-        i += 1;
-    }
-    Ok(o)
-}
-
-fn main() -> std::process::ExitCode {
-    match run() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kv_quality: {e}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
 }
@@ -112,33 +81,31 @@ struct Run {
     stats: QualityStats,
 }
 
-fn run() -> Result<()> {
-    let o = parse()?;
-    let model_path = o.model.as_deref().ok_or_else(|| {
-        Error::InvalidArgument("--model FILE.gguf is required; see --help".into())
-    })?;
-    if !Path::new(model_path).is_file() {
+fn run(o: &Args) -> Result<()> {
+    let model_path = o.model.display();
+    if !o.model.is_file() {
         return Err(Error::InvalidArgument(format!(
             "the model file {model_path} does not exist"
         )));
     }
+    let text_path = o.text.display();
     let text = std::fs::read_to_string(&o.text).map_err(|e| {
-        Error::InvalidArgument(format!("cannot read the text file {}: {e}", o.text))
+        Error::InvalidArgument(format!("cannot read the text file {text_path}: {e}"))
     })?;
+    let chunk_len = o.chunk.get();
 
     let t_start = Instant::now();
     let ctx = Context::new()?;
     let adapter = format!("{} ({})", ctx.adapter().name, ctx.adapter().backend);
     eprintln!("adapter: {adapter}; loading {model_path}");
-    let loaded = load_gguf(&ctx, model_path, Precision::F32, |_, _| {})?;
+    let loaded = load_gguf(&ctx, &o.model, Precision::F32, |_, _| {})?;
     let load_seconds = t_start.elapsed().as_secs_f64();
     let model = &loaded.model;
     let c = *model.config();
     let ids = loaded.tokenizer.encode_prompt(&text);
     if ids.len() < MIN_TOKENS {
         return Err(Error::InvalidArgument(format!(
-            "the text {} has {} tokens with this tokenizer; at least {MIN_TOKENS} are needed",
-            o.text,
+            "the text {text_path} has {} tokens with this tokenizer; at least {MIN_TOKENS} are needed",
             ids.len()
         )));
     }
@@ -164,9 +131,9 @@ fn run() -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
 
     let t_measure = Instant::now();
-    let chunks = ids.len().div_ceil(o.chunk);
-    for (k, chunk) in ids.chunks(o.chunk).enumerate() {
-        let first = k * o.chunk;
+    let chunks = ids.len().div_ceil(chunk_len);
+    for (k, chunk) in ids.chunks(chunk_len).enumerate() {
+        let first = k * chunk_len;
         let (reference, others) = runs.split_first_mut().expect("the reference run");
         let ref_logits = model
             .forward_with(&ctx, &mut reference.cache, &[(seq, chunk)], Logits::All)?
@@ -191,7 +158,7 @@ fn run() -> Result<()> {
     let measure_seconds = t_measure.elapsed().as_secs_f64();
 
     if o.json {
-        println!("{}", to_json(&runs));
+        common::print(to_json(&runs));
     } else {
         print_table(&runs);
         println!();
@@ -201,10 +168,9 @@ fn run() -> Result<()> {
         );
         println!("adapter: {adapter}");
         println!(
-            "text: {} ({} tokens, prefill chunks of {}, {} formats in lockstep)",
-            o.text,
+            "text: {text_path} ({} tokens, prefill chunks of {}, {} formats in lockstep)",
             ids.len(),
-            o.chunk,
+            chunk_len,
             runs.len()
         );
         println!(
@@ -242,8 +208,9 @@ fn print_table(runs: &[Run]) {
     }
 }
 
-fn to_json(runs: &[Run]) -> String {
-    let mut items = Vec::new();
+/// One row per format (the reference excepted) and slice, then the format's overall row.
+fn to_json(runs: &[Run]) -> Vec<Object> {
+    let mut rows = Vec::new();
     for r in runs.iter().skip(1) {
         let named = SLICES
             .iter()
@@ -251,14 +218,15 @@ fn to_json(runs: &[Run]) -> String {
             .zip(r.stats.slices)
             .chain(std::iter::once(("all".to_string(), r.stats.overall())));
         for (slice, s) in named {
-            items.push(format!(
-                "{{\"kv_dtype\":\"{}\",\"slice\":\"{slice}\",\"tokens\":{},\"agreement\":{},\"mean_kl\":{:e}}}",
-                r.dtype,
-                s.tokens,
-                s.agreement(),
-                s.mean_kl()
-            ));
+            rows.push(
+                Object::new()
+                    .set("kv_dtype", r.dtype.name())
+                    .set("slice", slice)
+                    .set("tokens", s.tokens)
+                    .set("agreement", s.agreement())
+                    .set("mean_kl", s.mean_kl()),
+            );
         }
     }
-    format!("[{}]", items.join(","))
+    rows
 }
