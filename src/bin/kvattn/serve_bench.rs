@@ -51,8 +51,10 @@ pub fn run(args: &ServeBenchArgs) -> Result<()> {
             .map_err(|e| invalid(format!("--kv-heads: {e}")))?;
     }
     if let Some(path) = &args.model {
-        std::fs::metadata(path)
-            .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
+        std::fs::metadata(path).map_err(|source| kvattn::Error::Io {
+            what: format!("cannot read {}", path.display()),
+            source,
+        })?;
     }
     let sweep_start = Instant::now();
     let ctx = Context::new()?;
