@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::gpu::Context;
 use crate::shader::ShaderVariant;
+use crate::verify::clock::Stopwatch;
 use crate::{Error, Result};
 
 /// Identifies one specialized pipeline: a shader variant and its override constants.
@@ -95,31 +96,12 @@ impl Context {
         {
             return Ok(p.clone());
         }
-        let module = self.shader_module(key.variant)?;
-        let name = key.variant.name();
-        let constants = key.constants();
-        let pipeline = self
-            .scoped(&name, || {
-                self.device
-                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                        label: Some(&name),
-                        layout: None,
-                        module: &module,
-                        entry_point: Some("main"),
-                        compilation_options: wgpu::PipelineCompilationOptions {
-                            constants: &constants,
-                            zero_initialize_workgroup_memory: false,
-                        },
-                        cache: None,
-                    })
-            })
-            .map_err(|e| match e {
-                Error::Wgpu { source, .. } => Error::Shader {
-                    name: format!("{name} {constants:?}"),
-                    source,
-                },
-                other => other,
-            })?;
+        // Compilation time: the module (on first use of the variant) and the pipeline, counted
+        // whether or not they validate.
+        let clock = Stopwatch::start();
+        let built = self.build_pipeline(key);
+        self.counters.add_compile_nanos(clock.nanos());
+        let pipeline = built?;
         self.count_pipeline();
         // Another thread may have built the same pipeline meanwhile: keep the first, so every
         // caller shares one.
@@ -132,6 +114,34 @@ impl Context {
             .or_insert_with(|| Arc::new(pipeline))
             .clone();
         Ok(pipeline)
+    }
+
+    /// Creates the shader module (if new) and the pipeline of `key`, under error scopes.
+    fn build_pipeline(&self, key: &PipelineKey) -> Result<wgpu::ComputePipeline> {
+        let module = self.shader_module(key.variant)?;
+        let name = key.variant.name();
+        let constants = key.constants();
+        self.scoped(&name, || {
+            self.device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(&name),
+                    layout: None,
+                    module: &module,
+                    entry_point: Some("main"),
+                    compilation_options: wgpu::PipelineCompilationOptions {
+                        constants: &constants,
+                        zero_initialize_workgroup_memory: false,
+                    },
+                    cache: None,
+                })
+        })
+        .map_err(|e| match e {
+            Error::Wgpu { source, .. } => Error::Shader {
+                name: format!("{name} {constants:?}"),
+                source,
+            },
+            other => other,
+        })
     }
 
     /// Binds `buffers` to bindings 0, 1, ... of group 0 (layout taken from the shader), records

@@ -16,6 +16,11 @@ pub struct Counters {
     pub bind_groups_created: u64,
     /// Compute pipelines compiled (the pipeline cache's misses).
     pub pipelines_compiled: u64,
+    /// Wall time spent compiling them, in nanoseconds: the shader module's creation (WGSL
+    /// parsed, validated and translated) and the pipeline's, as the host waited for them.
+    /// A driver that defers its own compilation to the first dispatch (some OpenGL drivers)
+    /// makes that dispatch slower instead.
+    pub pipeline_compile_nanos: u64,
     /// Bytes written from the host: buffer contents at creation and `write_buffer`.
     pub bytes_uploaded: u64,
 }
@@ -28,6 +33,7 @@ impl Counters {
             buffers_created: self.buffers_created - earlier.buffers_created,
             bind_groups_created: self.bind_groups_created - earlier.bind_groups_created,
             pipelines_compiled: self.pipelines_compiled - earlier.pipelines_compiled,
+            pipeline_compile_nanos: self.pipeline_compile_nanos - earlier.pipeline_compile_nanos,
             bytes_uploaded: self.bytes_uploaded - earlier.bytes_uploaded,
         }
     }
@@ -40,6 +46,7 @@ pub(crate) struct AtomicCounters {
     pub buffers: AtomicU64,
     pub bind_groups: AtomicU64,
     pub pipelines: AtomicU64,
+    pub compile_nanos: AtomicU64,
     pub bytes: AtomicU64,
 }
 
@@ -48,12 +55,18 @@ impl AtomicCounters {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Adds `nanos` of pipeline compilation.
+    pub fn add_compile_nanos(&self, nanos: u64) {
+        Self::add(&self.compile_nanos, nanos);
+    }
+
     pub fn snapshot(&self) -> Counters {
         Counters {
             submissions: self.submissions.load(Ordering::Relaxed),
             buffers_created: self.buffers.load(Ordering::Relaxed),
             bind_groups_created: self.bind_groups.load(Ordering::Relaxed),
             pipelines_compiled: self.pipelines.load(Ordering::Relaxed),
+            pipeline_compile_nanos: self.compile_nanos.load(Ordering::Relaxed),
             bytes_uploaded: self.bytes.load(Ordering::Relaxed),
         }
     }
