@@ -169,8 +169,8 @@ impl Context {
         let (first, more) = (pending.caught, pending.more);
         self.check_lost()?;
         match first {
-            Some(e) if more > 0 => Err(with_more(e, more)),
-            Some(e) => Err(self.lost_or(e)),
+            // Objects of a lost device are invalid: report the cause, not the symptom.
+            Some(e) => Err(self.lost_or(with_more(e, more))),
             None => self.take_uncaptured(),
         }
     }
