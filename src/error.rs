@@ -4,8 +4,8 @@
 //! wgpu's errors ([`wgpu::Error`] from an error scope, [`wgpu::RequestDeviceError`], a failed
 //! mapping or wait), I/O errors ([`std::io::Error`]) and safetensors errors
 //! ([`safetensors::SafeTensorError`]). The message of such an error names the operation and
-//! repeats the source's own message, so printing the error alone says everything; walking
-//! `source()` gives the typed original.
+//! repeats the source's own message (out of memory excepted: wgpu's says no more than that), so
+//! printing the error alone says everything; walking `source()` gives the typed original.
 
 /// Everything that can go wrong in kvattn. Every public function that takes user input returns
 /// `Result<T, Error>`; no user input makes the library panic.
