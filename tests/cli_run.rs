@@ -934,7 +934,7 @@ fn usage_errors_are_one_line() {
         (&["run", "mla", "--in", "a", "--out", "b", "--up-proj-chunk", "-3"], "run mla: "),
         (&["run", "quantize", "--in", "a", "--out", "b"], "--kv-dtype"),
         (&["run", "attnetion"], "run: unrecognized subcommand 'attnetion'"),
-        (&["verify", "--json"], "verify: "),
+        (&["verify", "--bogus"], "verify: unexpected argument '--bogus'"),
         (&["verify", "--quality", "--kernel", "decode"], "verify: "),
         (&["info", "--bogus"], "info: unexpected argument '--bogus'"),
         (&["bogus"], "unrecognized subcommand 'bogus'"),

@@ -32,3 +32,4 @@ mod snapshot;
 mod step_counters;
 mod strided_copy;
 mod threads;
+mod verify;
