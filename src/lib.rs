@@ -14,7 +14,7 @@
 //!
 //! | feature | adds |
 //! |---|---|
-//! | *(default)* | the library: [`gpu`], [`attention`], [`cache`], [`quant`], [`mla`], [`rope`](mod@rope), [`matmul`], [`reference`](mod@reference), verification |
+//! | *(default)* | the library: [`gpu`], [`attention`], [`cache`], [`quant`], [`mla`], [`rope`](mod@rope), [`matmul`], [`reference`](mod@reference), [`verify`] |
 //! | `decoder` | `decoder`: a Llama-family decoder (GGUF, tokenizer, forward pass, sampling) and `reference::llama` |
 //! | `serve` | `serve`: a continuous-batching scheduler (implies `decoder`) |
 //! | `bench` | `bench`: the adapter's ceilings, benchmark cases, the roofline |
@@ -73,12 +73,14 @@
 //! Serving loops keep everything on the GPU: plans made once per capacity
 //! ([`attention::paged::PagedAttentionPlan`], [`cache::append_plan::AppendPlan`]) record each
 //! step into the caller's compute pass, creating nothing after the first step, on a device
-//! kvattn opened or on the application's own ([`gpu::Context::from_wgpu`]).
+//! kvattn opened or on the application's own ([`gpu::Context::from_wgpu`]). [`verify::run`]
+//! checks every kernel and storage format against the CPU reference on the adapter at hand.
 //!
 //! # Further reading
 //!
 //! - [README](https://github.com/kvattn/kvattn/blob/main/README.md): quick start, more
-//!   examples (embedding in an application, quantized KV, MLA), the command line.
+//!   examples (embedding in an application, quantized KV, MLA, verification), the command
+//!   line.
 //! - [ARCHITECTURE.md](https://github.com/kvattn/kvattn/blob/main/docs/ARCHITECTURE.md): the
 //!   layers, the life of a decode step, the exact encoding of every KV format, mask and score
 //!   conventions, NaN rules, tolerances.
