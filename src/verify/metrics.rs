@@ -166,3 +166,57 @@ pub(crate) fn exact_outcome(got: &[f32], want: &[f32]) -> Outcome {
         note: (!same).then(|| "not bit-exact with the CPU codec".to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_comparison_catches_one_bit() {
+        let want = vec![1.0f32, -2.5, 0.0, 3.25];
+        assert_eq!(exact_outcome(&want, &want).status, Status::Pass);
+        let mut got = want.clone();
+        got[2] = -0.0; // equal as numbers, not as bits
+        let o = exact_outcome(&got, &want);
+        assert_eq!(o.status, Status::Fail);
+        assert!(o.note.unwrap().contains("bit-exact"));
+        assert_eq!(exact_outcome(&want[..3], &want).status, Status::Fail);
+    }
+
+    #[test]
+    fn attention_comparison_holds_its_bounds_and_nan_rules() {
+        let want = AttentionOutput {
+            out: vec![1.0, f32::NAN, f32::INFINITY, 2.0],
+            lse: vec![0.5, 1.5],
+        };
+        let o = Outcome::attention(&want, &want, (1e-4, 1e-4));
+        assert_eq!((o.status, o.max_err), (Status::Pass, 0.0));
+        let mut got = want.clone();
+        got.out[3] += 1e-3;
+        let o = Outcome::attention(&got, &want, (1e-4, 1e-4));
+        assert_eq!(o.status, Status::Fail);
+        assert!((o.max_err - 1e-3).abs() < 1e-6 && o.note.unwrap().contains("bound"));
+        assert_eq!(
+            Outcome::attention(&got, &want, (1e-2, 1e-4)).status,
+            Status::Pass
+        );
+        // A NaN where the reference is finite, or an unwritten element, is infinitely wrong.
+        let mut got = want.clone();
+        got.out[0] = f32::NAN;
+        assert_eq!(
+            Outcome::attention(&got, &want, (1.0, 1.0)).max_err,
+            f64::INFINITY
+        );
+        got.out[0] = crate::gpu::UNWRITTEN;
+        assert_eq!(
+            Outcome::attention(&got, &want, (1.0, 1.0)).status,
+            Status::Fail
+        );
+        let mut got = want.clone();
+        got.lse[1] = 1.6;
+        assert_eq!(
+            Outcome::attention(&got, &want, (1.0, 1e-4)).status,
+            Status::Fail
+        );
+    }
+}

@@ -134,7 +134,7 @@ fn print_table(report: &VerifyReport) {
         table.push(vec![
             c.kernel.name().into(),
             c.name.clone(),
-            fmt_err(c.max_error.or(c.non_finite_error.then_some(f64::INFINITY))),
+            fmt_err(c.max_error),
             fmt_err(c.nmse),
             fmt_err(c.lse_error),
             c.times.pipelines_compiled.to_string(),
