@@ -115,9 +115,12 @@ pub struct CaseTimes {
     pub pipelines_compiled: u64,
     /// Wall time of those compilations ([`Counters::pipeline_compile_nanos`](crate::gpu::Counters::pipeline_compile_nanos)).
     pub compile_seconds: f64,
-    /// Wall time of the GPU side less compilation: creating the cache and buffers, uploads,
-    /// the dispatches and the read-backs, as the host waited for them. Not a GPU timestamp: on
-    /// a software adapter it is the kernels' CPU time, on a GPU it includes the transfers.
+    /// Wall time of the GPU side less [`compile_seconds`](Self::compile_seconds): creating the
+    /// cache and buffers, uploads, the dispatches and the read-backs, as the host waited for
+    /// them. Not a GPU timestamp: on a software adapter it is the kernels' CPU time, on a GPU
+    /// it includes the transfers. A driver that finishes compiling a pipeline only at its first
+    /// dispatch (Mesa's llvmpipe behind OpenGL, partly lavapipe) puts that part here: compare
+    /// cases that compiled nothing for the kernels' own time.
     pub kernel_seconds: f64,
     /// Wall time of the CPU oracle: the reference (and f16 emulation) in f64, the CPU codec.
     pub reference_seconds: f64,
