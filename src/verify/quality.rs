@@ -303,22 +303,27 @@ fn measure(
     };
     let batch = data.batch(&data.k, &data.v);
     // The three CPU references (K and V quantized, K only, V only) run on other threads while
-    // this one drives the GPU.
+    // this one drives the GPU (one after the other on wasm32, which has no threads).
     let gpu_clock = Stopwatch::start();
-    let (gpu, gpu_seconds, [codec, codec_k, codec_v]) = std::thread::scope(|scope| {
-        let refs = [(&k, &v), (&k, &data.v), (&data.k, &v)].map(|(k, v)| {
-            let opts = &opts;
-            scope.spawn(move || reference::attention(&data.batch(k, v), &SHAPE, opts))
-        });
+    let run_gpu = || {
         let gpu = check_paged(&batch, &SHAPE, &opts, &setup)
             .and_then(|()| run_paged(ctx, &batch, &SHAPE, &opts, &setup));
-        let gpu_seconds = gpu_clock.seconds();
+        (gpu, gpu_clock.seconds())
+    };
+    let inputs = [(&k, &v), (&k, &data.v), (&data.k, &v)];
+    let reference_of = |(k, v): (&Vec<f32>, &Vec<f32>)| {
+        reference::attention(&data.batch(k, v), &SHAPE, &AttentionOptions::default())
+    };
+    #[cfg(not(target_arch = "wasm32"))]
+    let ((gpu, gpu_seconds), [codec, codec_k, codec_v]) = std::thread::scope(|scope| {
+        let refs = inputs.map(|kv| scope.spawn(move || reference_of(kv)));
         (
-            gpu,
-            gpu_seconds,
+            run_gpu(),
             refs.map(|h| h.join().expect("the reference does not panic")),
         )
     });
+    #[cfg(target_arch = "wasm32")]
+    let ((gpu, gpu_seconds), [codec, codec_k, codec_v]) = (run_gpu(), inputs.map(reference_of));
     let (codec, codec_k, codec_v) = (codec?, codec_k?, codec_v?);
     let per_seq = HQ * D;
     let rows = data
