@@ -1,6 +1,6 @@
 // append_kv: write new token rows of K or V into their slots of one pool buffer, in place,
-// encoding them into the pool's storage format (DESIGN.md sections 5 and 6), bit for bit as the
-// CPU codec (`quant::encode_rows`) does; kv_store.wgsl holds the encoders.
+// encoding them into the pool's storage format (ARCHITECTURE.md sections 6 and 7), bit for bit as
+// the CPU codec (`quant::encode_rows`) does; kv_store.wgsl holds the encoders.
 //
 // src: [n_src, Hkv, DIM] values, f32 bits or (SRC_F16) f16 pairs, element 2i in the low half.
 // rows: pairs (source token index, global slot = block * block_size + offset), only slots whose

@@ -1,5 +1,5 @@
-// bandwidth: the copy kernel that measures an adapter's memory bandwidth ceiling (DESIGN.md
-// section 10). Each invocation copies vec4<u32> values i, i + stride, i + 2 stride, ... of `src`
+// bandwidth: the copy kernel that measures an adapter's memory bandwidth ceiling (ARCHITECTURE.md
+// section 13). Each invocation copies vec4<u32> values i, i + stride, i + 2 stride, ... of `src`
 // into `dst`: 16-byte loads and stores, neighbouring invocations on neighbouring values. The
 // host times it with several workgroup counts and keeps the best.
 

@@ -1,4 +1,4 @@
-// fma_rate: the kernel that measures an adapter's arithmetic ceiling (DESIGN.md section 10).
+// fma_rate: the kernel that measures an adapter's arithmetic ceiling (ARCHITECTURE.md section 13).
 // Each invocation runs eight independent chains of vec4 fused multiply-adds in the precision
 // prelude's `real` (f32, or f16 where the adapter has it), `iters` steps each, and writes their
 // sum so that nothing is optimized away: 64 floating-point operations per step.

@@ -17,10 +17,10 @@
 // (work item, KV head) and writes a partial (o, lse) per row, merged in key order by merge.wgsl
 // (which also adds the sinks).
 //
-// Scores follow DESIGN.md section 2: scale, softcap, ALiBi, mask (bottom-right causal, window).
-// NaN and infinities follow softmax.wgsl: a visible key whose score is NaN or +inf marks its row
-// (row_bad), whose output and lse are then written as NaN; a key whose probability is 0 (masked,
-// or a score of -inf) is never read into the output, whatever its value row holds.
+// Scores follow ARCHITECTURE.md section 2: scale, softcap, ALiBi, mask (bottom-right causal,
+// window). NaN and infinities follow softmax.wgsl: a visible key whose score is NaN or +inf marks
+// its row (row_bad), whose output and lse are then written as NaN; a key whose probability is 0
+// (masked, or a score of -inf) is never read into the output, whatever its value row holds.
 //
 // MLA (absorbed, DeepSeek-V2) is the same computation over a latent cache: with ROPE_DIM > 0 a
 // key is [K pool row ; V pool row] (the latent c_kv, K_DIM values in any format, then the rotated

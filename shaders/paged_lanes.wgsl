@@ -107,7 +107,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let k_scale = kv_row_scale(0u, row);
         let v_scale = select(1.0, kv_row_scale(vp, row), kv_row_scaled(vp));
         // @unroll rope_dots: d_T = d_T * k_scale, plus the RoPE part of the key (MLA).
-        // @unroll softmax: per row, the score (DESIGN.md section 2; softmax.wgsl's NaN rules:
+        // @unroll softmax: per row, the score (ARCHITECTURE.md section 2; softmax.wgsl's NaN rules:
         //   a visible key scoring NaN or +inf sets bad_T) and the online softmax update: m_T,
         //   l_T, the factor alpha_T rescaling a_T, the probability p_T (times the V row's scale)
         //   and live_T (p_T is not zero).

@@ -197,7 +197,7 @@ impl Problem {
         }
     }
 
-    /// The case file of DESIGN.md section 9 for this problem.
+    /// The case file of ARCHITECTURE.md section 12 for this problem.
     fn file(&self) -> CaseFile {
         let s = &self.shape;
         let (tq, tk) = (
@@ -960,7 +960,7 @@ fn usage_errors_are_one_line() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A random MLA problem in the varlen layout (DESIGN.md section 9, `run mla`).
+/// A random MLA problem in the varlen layout (ARCHITECTURE.md section 12, `run mla`).
 struct MlaProblem {
     shape: reference::mla::MlaShape,
     tensors: Vec<(&'static str, Vec<usize>, Vec<f32>)>,

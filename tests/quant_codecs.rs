@@ -1,4 +1,4 @@
-//! CPU tests of the KV storage codecs (DESIGN.md section 5) and a naga check of
+//! CPU tests of the KV storage codecs (ARCHITECTURE.md section 6) and a naga check of
 //! `shaders/lib/kv_load.wgsl`. No GPU needed.
 
 use kvattn::quant::fp8::{decode_e4m3, decode_e5m2, encode_e4m3, encode_e5m2, E4M3_MAX, E5M2_MAX};

@@ -1,5 +1,5 @@
-//! Criterion benches of the kernels (DESIGN.md section 10), one module per kernel family. Each
-//! case is a [`kvattn::bench::cases::Case`] under its id (e.g.
+//! Criterion benches of the kernels (ARCHITECTURE.md section 13), one module per kernel family.
+//! Each case is a [`kvattn::bench::cases::Case`] under its id (e.g.
 //! `decode/hd128/g4/ctx4096/b1/f16/bs16`), prepared once and timed with `iter_custom` on
 //! [`Context::timed`]: device time where the adapter has timestamps, the wall clock around a
 //! queue sync otherwise. The set is small (minutes on lavapipe); sweeps and the roofline belong

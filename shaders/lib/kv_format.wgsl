@@ -1,6 +1,6 @@
-// kv_format.wgsl: the KV storage formats (DESIGN.md section 5) as WGSL: dtype codes, row sizes
-// and exact decoders of single values. Pure functions, no memory access: kv_load.wgsl (reading
-// pools) and kv_store.wgsl (encoding) build on it. Core WGSL that naga validates with no
+// kv_format.wgsl: the KV storage formats (ARCHITECTURE.md section 6) as WGSL: dtype codes, row
+// sizes and exact decoders of single values. Pure functions, no memory access: kv_load.wgsl
+// (reading pools) and kv_store.wgsl (encoding) build on it. Core WGSL that naga validates with no
 // capabilities. The CPU codec in src/quant/ is the definition: every function here computes the
 // same bits with the same operations in the same order.
 

@@ -1,4 +1,5 @@
-// kv_load.wgsl: decode token rows of K and V from any KV storage format (DESIGN.md section 5).
+// kv_load.wgsl: decode token rows of K and V from any KV storage format
+// (ARCHITECTURE.md section 6).
 //
 // Needs kv_format.wgsl (the decoders). Composed into kernels by plain string concatenation; core
 // WGSL. The CPU codec in src/quant/ is the definition: kv_load4 computes the same f32 values,

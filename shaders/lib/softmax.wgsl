@@ -54,7 +54,7 @@ struct Score {
     poison: bool,
 }
 
-// The score transformations of DESIGN.md section 2 after the dot product, in order:
+// The score transformations of ARCHITECTURE.md section 2 after the dot product, in order:
 // scale, logit softcap (cap > 0), ALiBi bias (slope * distance), in IEEE arithmetic:
 // a NaN product poisons (even where tanh would hide it), +-inf through the softcap gives +-cap,
 // and the final score is classified by its bits.

@@ -1,7 +1,7 @@
 //! Decode attention (one query token per sequence) over a contiguous KV cache.
 //!
 //! K and V are laid out as in the FlashAttention varlen convention, `[total_k, Hkv, d]`, in f32,
-//! f16 or bf16 storage (packed into u32 words as DESIGN.md section 5 says). That is exactly a
+//! f16 or bf16 storage (packed into u32 words as ARCHITECTURE.md section 6 says). That is exactly a
 //! paged pool with one-token blocks whose block table is the identity, so this runs the paged
 //! kernel ([`super::paged`]): a workgroup serves one (sequence, KV head, split) and the GQA group
 //! of its query (the whole group when it fits workgroup memory), so each K/V row is read once

@@ -5,8 +5,8 @@
 //! are cut into tiles (the whole GQA group of a decode token when it fits workgroup memory; a few
 //! tokens times the group for prefill). Each tile's visible key range is cut at fixed token
 //! splits ([`SPLIT_TOKENS`], split-K) and where the sequence's blocks change pool buffer (a pool
-//! larger than one binding is split over buffers; each buffer is one more split, DESIGN.md
-//! section 4). A workgroup computes a partial (o, lse) per row for one (work item, KV head); the
+//! larger than one binding is split over buffers; each buffer is one more split, ARCHITECTURE.md
+//! section 5). A workgroup computes a partial (o, lse) per row for one (work item, KV head); the
 //! merge kernel combines a row's partials in key order and adds the sinks once.
 //!
 //! Two kernels run the same plan and write the same partial states: `paged.wgsl` (a workgroup

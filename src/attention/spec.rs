@@ -2,7 +2,7 @@
 //! head dims ([`AttentionShape`]), the options that change the scores ([`AttentionOptions`]), and a
 //! ragged batch of sequences in the FlashAttention varlen layout ([`RaggedBatch`]).
 //!
-//! The meaning of every option (score order, bottom-right masks, sinks, `lse`) is DESIGN.md
+//! The meaning of every option (score order, bottom-right masks, sinks, `lse`) is ARCHITECTURE.md
 //! section 2; the reference in [`crate::reference`] is its executable form.
 
 use std::ops::Range;
@@ -84,7 +84,7 @@ impl AttentionShape {
     }
 }
 
-/// Options that change the scores or the softmax (DESIGN.md section 2, applied in this order:
+/// Options that change the scores or the softmax (ARCHITECTURE.md section 2, applied in this order:
 /// scale, softcap, ALiBi, mask; sinks join the denominator only).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttentionOptions {

@@ -1,4 +1,4 @@
-//! Benchmark cases (DESIGN.md section 10): what one case runs ([`Case`]), the bytes and
+//! Benchmark cases (ARCHITECTURE.md section 13): what one case runs ([`Case`]), the bytes and
 //! floating-point operations it must at least move and do ([`Case::kv_bytes`], [`Case::flops`]),
 //! building its buffers once ([`prepare`]), timing it ([`measure`]) and judging it against the
 //! adapter's ceilings ([`row`]). `kvattn bench` and the criterion benches both run these cases.

@@ -1,5 +1,5 @@
-//! The adapter's two ceilings, measured in the same run as the cases they judge (DESIGN.md
-//! section 10): copy bandwidth (the best of the copy kernel at several workgroup counts, over
+//! The adapter's two ceilings, measured in the same run as the cases they judge (ARCHITECTURE.md
+//! section 13): copy bandwidth (the best of the copy kernel at several workgroup counts, over
 //! buffers that together exceed the CPU's last-level cache) and arithmetic rate (independent
 //! FMA chains, f32 and f16 where the adapter has it).
 

@@ -1,4 +1,4 @@
-//! The capacity model (DESIGN.md section 6): bytes of KV cache per token, for a batch of
+//! The capacity model (ARCHITECTURE.md section 7): bytes of KV cache per token, for a batch of
 //! sequences, and how many tokens or sequences fit a byte budget.
 //!
 //! For a multi-head (MHA, GQA, MQA) cache a token leaves one K row and one V row of `head_dim`

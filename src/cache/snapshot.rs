@@ -3,15 +3,15 @@
 //! Tensors, in token order (so a snapshot does not depend on which physical blocks held it, nor
 //! on the block size): `tokens` U32 `[len]`, and per layer `l`: `k.{l}` U32 `[len, Hkv, k words
 //! per row]`, `v.{l}` U32 `[len, Hkv, v words per row]` (the stored words, bit for bit, packed as
-//! DESIGN.md section 5 says), and for formats with per-row scales `k_scales.{l}` / `v_scales.{l}`
-//! U32 `[len, Hkv, scale words per row]`. The metadata header records everything needed to refuse
-//! a mismatch: [`FORMAT_VERSION`], `k_dtype`, `v_dtype`, `k_scales`/`v_scales` ("per-row", or
-//! "per-tensor:" and each layer's scale bits: codes mean nothing under another scale), `block_size`,
-//! `layers`, `kv_heads`, `head_dim_k`, `head_dim_v`, `model_id`, `kernel_revision`, `tokens`, and
-//! `crc32`: a CRC-32 (IEEE), as 8 lowercase hex digits, of every other header field (in key
-//! order, each as key, a zero byte, value, a zero byte) and then of every tensor (in name order,
-//! each as its name, a zero byte, its shape as little-endian u64s and its data bytes). It does
-//! not depend on how safetensors lays the file out.
+//! ARCHITECTURE.md section 6 says), and for formats with per-row scales `k_scales.{l}` /
+//! `v_scales.{l}` U32 `[len, Hkv, scale words per row]`. The metadata header records everything
+//! needed to refuse a mismatch: [`FORMAT_VERSION`], `k_dtype`, `v_dtype`, `k_scales`/`v_scales`
+//! ("per-row", or "per-tensor:" and each layer's scale bits: codes mean nothing under another
+//! scale), `block_size`, `layers`, `kv_heads`, `head_dim_k`, `head_dim_v`, `model_id`,
+//! `kernel_revision`, `tokens`, and `crc32`: a CRC-32 (IEEE), as 8 lowercase hex digits, of every
+//! other header field (in key order, each as key, a zero byte, value, a zero byte) and then of
+//! every tensor (in name order, each as its name, a zero byte, its shape as little-endian u64s and
+//! its data bytes). It does not depend on how safetensors lays the file out.
 //!
 //! Import checks the version, then every field against the cache (the block size alone may
 //! differ: rows are re-laid into the importing cache's blocks, which changes no byte of any

@@ -17,7 +17,7 @@
 //!
 //! Every output is one f32 accumulator summed over `k` in order with `fma`, whatever the tile
 //! shape the host picks for the number of rows: a row's result does not depend on how many other
-//! rows share the call (DESIGN.md section 1, batch invariance).
+//! rows share the call (ARCHITECTURE.md section 1, batch invariance).
 
 use std::num::NonZeroU64;
 

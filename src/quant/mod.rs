@@ -1,5 +1,5 @@
-//! KV storage formats (DESIGN.md section 5): the [`KvDtype`] list, packing into `u32` words, and
-//! the CPU codecs (f16, bf16, FP8 E4M3/E5M2, int8, int4) with their scales.
+//! KV storage formats (ARCHITECTURE.md section 6): the [`KvDtype`] list, packing into `u32` words,
+//! and the CPU codecs (f16, bf16, FP8 E4M3/E5M2, int8, int4) with their scales.
 //!
 //! The CPU codec here is the definition of every format: the GPU encoder and the WGSL decoder
 //! (`shaders/lib/kv_load.wgsl`) match it bit for bit. Encoders use integer bit operations for

@@ -10,8 +10,9 @@
 //!    without `causal` every key of the sequence is visible.
 //!
 //! Under the causal mask every visible key has `j <= p_i`, so the ALiBi distance `|p_i - j|` is
-//! DESIGN.md's `p_i - j`. Without the mask, keys after `p_i` are penalized by their distance too
-//! (FlashAttention's `-slope * |i + len_k - len_q - j|`), with the same bottom-right `p_i`.
+//! `p_i - j` (ARCHITECTURE.md section 2). Without the mask, keys after `p_i` are penalized by
+//! their distance too (FlashAttention's `-slope * |i + len_k - len_q - j|`), with the same
+//! bottom-right `p_i`.
 //!
 //! A sink `sink[h]` is a raw logit (not scaled, not softcapped, no ALiBi) that joins the softmax
 //! denominator only: `lse = ln(sum_j exp(s_j) + exp(sink[h]))`, computed in f64 after subtracting
@@ -36,8 +37,8 @@ use crate::Result;
 
 pub use crate::problem::AttentionOutput;
 
-/// Attention over every sequence of `batch`, as DESIGN.md section 2 defines it (see the module
-/// docs for the exact formula).
+/// Attention over every sequence of `batch`, as ARCHITECTURE.md section 2 defines it (see the
+/// module docs for the exact formula).
 ///
 /// # Errors
 /// Validates `batch`, `shape` and `opts` first ([`RaggedBatch::validate`]) and returns their

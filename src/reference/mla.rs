@@ -21,7 +21,7 @@ use crate::{Error, Result};
 
 pub use crate::problem::MlaShape;
 
-/// An MLA batch in the FlashAttention varlen layout (DESIGN.md section 9, `run mla`).
+/// An MLA batch in the FlashAttention varlen layout (ARCHITECTURE.md section 12, `run mla`).
 #[derive(Debug, Clone, Copy)]
 pub struct MlaBatch<'a> {
     /// `[total_q, H, d_nope]`.

@@ -1,5 +1,5 @@
-//! CPU references of the kernels: plain loops, f64 accumulation, explicit masks (DESIGN.md
-//! section 8). They are the oracles of the GPU tests and of `kvattn verify`, and are themselves
+//! CPU references of the kernels: plain loops, f64 accumulation, explicit masks (ARCHITECTURE.md
+//! section 11). They are the oracles of the GPU tests and of `kvattn verify`, and are themselves
 //! tested on hand-computed cases.
 //!
 //! Inputs are f32 slices. To model a kernel that reads f16 (or quantized) values, round the inputs

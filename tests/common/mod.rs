@@ -132,7 +132,7 @@ pub fn pool_words(ctx: &Context, cache: &kvattn::cache::paged::PagedKvCache) -> 
         .collect()
 }
 
-/// The attention options every kernel is checked with (DESIGN.md section 2), for `hq` query
+/// The attention options every kernel is checked with (ARCHITECTURE.md section 2), for `hq` query
 /// heads: windows of 1 and 37 keys, softcap with an explicit scale, ALiBi, sinks, non-causal
 /// with and without ALiBi, and everything at once.
 pub fn option_sets(hq: usize, seed: u64) -> Vec<(&'static str, AttentionOptions)> {

@@ -72,7 +72,7 @@ fn to_f16(x: &[f32]) -> Vec<f32> {
 
 /// The f16 kernel's arithmetic done honestly on the CPU: q, k, v and the probabilities held in
 /// f16 (the probabilities relative to the row's final max), everything else in f64, with every
-/// option of DESIGN.md section 2 (the query of a decode row sits at the last key).
+/// option of ARCHITECTURE.md section 2 (the query of a decode row sits at the last key).
 fn decode_f16_emulated(
     case: &Case,
     k: &[f32],

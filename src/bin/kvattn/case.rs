@@ -1,4 +1,4 @@
-//! Case files (DESIGN.md section 9): safetensors in, safetensors out. Reading checks every
+//! Case files (ARCHITECTURE.md section 12): safetensors in, safetensors out. Reading checks every
 //! tensor's dtype and rank and parses the string metadata; writing goes through a temporary file
 //! in the destination's directory and a rename, so a failed command leaves no output file.
 
@@ -217,7 +217,7 @@ impl AttentionCase {
         }
     }
 
-    /// Reads the `attention` tensors and metadata of DESIGN.md section 9 and checks that the
+    /// Reads the `attention` tensors and metadata of ARCHITECTURE.md section 12 and checks that the
     /// shapes agree with each other and with the offsets (the rest is [`RaggedBatch::validate`]).
     pub fn from_file(f: &CaseFile) -> Result<Self> {
         f.check_names(&ATTENTION_TENSORS, &ATTENTION_META)?;

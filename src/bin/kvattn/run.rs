@@ -1,4 +1,5 @@
-//! `kvattn run <op>`: one kernel on tensors from a safetensors case file (DESIGN.md section 9).
+//! `kvattn run <op>`: one kernel on tensors from a safetensors case file
+//! (ARCHITECTURE.md section 12).
 //!
 //! - `attention`: K/V written into a paged cache of any storage format (quantized on write by
 //!   the GPU encoder; physical blocks in shuffled order), then attention over it; writes `out` and

@@ -1,5 +1,5 @@
-//! `kvattn run mla`: Multi-head Latent Attention on a safetensors case file (DESIGN.md
-//! section 9). The latent rows and RoPE keys are written into a latent paged cache (the latent
+//! `kvattn run mla`: Multi-head Latent Attention on a safetensors case file (ARCHITECTURE.md
+//! section 12). The latent rows and RoPE keys are written into a latent paged cache (the latent
 //! in `--kv-dtype`, quantized on write by the GPU encoder; physical blocks in shuffled order),
 //! then the absorbed or the up-projection path runs over it; writes `out` and `lse`.
 

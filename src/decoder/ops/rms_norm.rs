@@ -10,7 +10,7 @@
 //! One workgroup of 256 invocations per row (any `dim`), a fixed reduction order (each
 //! invocation sums its strided elements in index order, then a tree in workgroup memory): the
 //! bits of a row's output depend only on that row, `weight` and `eps`, never on how many rows
-//! share the call or where the call's slices of the buffers begin (DESIGN.md section 1).
+//! share the call or where the call's slices of the buffers begin (ARCHITECTURE.md section 1).
 //!
 //! No finite input overflows: the kernel scales the row by a power of two (exactly) so that its
 //! largest magnitude is about 1 before squaring, so rows of magnitude `1e18` or `3e38` normalize
