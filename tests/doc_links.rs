@@ -24,7 +24,7 @@ fn text_files(dir: &Path, out: &mut Vec<PathBuf>) {
             .extension()
             .and_then(|e| e.to_str())
             .is_some_and(|e| EXTENSIONS.contains(&e))
-            || dir.ends_with(".ci")
+            || dir.file_name().is_some_and(|n| n == ".ci")
         {
             out.push(path);
         }
@@ -92,8 +92,7 @@ fn cited_sections(text: &str) -> Vec<u32> {
         rest = &rest[at + "ARCHITECTURE.md section".len()..];
         let list = rest.strip_prefix('s').unwrap_or(rest);
         let mut words = list.split_whitespace();
-        loop {
-            let Some(word) = words.next() else { break };
+        while let Some(word) = words.next() {
             let digits: String = word.chars().take_while(|c| c.is_ascii_digit()).collect();
             let Ok(n) = digits.parse() else { break };
             out.push(n);
@@ -101,12 +100,8 @@ fn cited_sections(text: &str) -> Vec<u32> {
             if word.ends_with(',') {
                 continue;
             }
-            if word != digits {
+            if word != digits || words.next() != Some("and") {
                 break;
-            }
-            match words.next() {
-                Some("and") => continue,
-                _ => break,
             }
         }
     }
