@@ -1552,6 +1552,25 @@ fn verify_quick_passes() {
     assert!(stdout.contains(" 0 failed"), "{stdout}");
     // Progress goes to stderr, one line per check.
     assert!(stderr.contains("verify ["), "{stderr}");
+    // The time line's parts (each printed to 0.1 s) add up to its total.
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("time: "))
+        .unwrap_or_else(|| panic!("no time line:\n{stdout}"));
+    let seconds = |text: &str| -> Vec<f64> {
+        text.split([' ', ',', ';'])
+            .filter_map(|w| w.strip_suffix('s')?.parse().ok())
+            .collect()
+    };
+    let (parts, total) = line.rsplit_once("; ").expect("parts; total");
+    let (parts, total) = (seconds(parts), seconds(total));
+    assert_eq!((parts.len(), total.len()), (7, 1), "{line}");
+    let sum: f64 = parts.iter().sum();
+    assert!((sum - total[0]).abs() <= 0.05 * 8.0, "{line}");
+    assert!(
+        line.contains("first dispatches") && line.contains("repeating"),
+        "{line}"
+    );
 }
 
 #[test]

@@ -19,6 +19,8 @@ pub(crate) struct Outcome {
     pub bounds: Option<(f64, f64)>,
     /// The error of a kernel that failed to run, or what else is worth saying.
     pub note: Option<String>,
+    /// A digest of the GPU result's bits ([`digest`]); `None` when nothing was measured.
+    pub digest: Option<u64>,
 }
 
 impl Outcome {
@@ -45,6 +47,7 @@ impl Outcome {
             nmse: nmse(&g, &w),
             lse_err: Some(lse_err),
             bounds: Some(bounds),
+            digest: Some(digest(&[&got.out, &got.lse])),
             note: (!pass).then(|| {
                 format!(
                     "out error {max_err:.3e} (bound {bound:.3e}), lse error {lse_err:.3e} (bound {lse_bound:.3e})"
@@ -61,6 +64,7 @@ impl Outcome {
             lse_err: None,
             bounds: None,
             note: Some(note),
+            digest: None,
         }
     }
 }
@@ -164,12 +168,46 @@ pub(crate) fn exact_outcome(got: &[f32], want: &[f32]) -> Outcome {
         lse_err: None,
         bounds: None,
         note: (!same).then(|| "not bit-exact with the CPU codec".to_string()),
+        digest: Some(digest(&[got])),
     }
+}
+
+/// FNV-1a (64-bit) over the bits of a result's parts, each prefixed by its length: two runs of
+/// a case on the same data must give the same digest (NaN payloads and signed zeros included).
+pub(crate) fn digest(parts: &[&[f32]]) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |word: u64| {
+        for byte in word.to_le_bytes() {
+            h = (h ^ u64::from(byte)).wrapping_mul(PRIME);
+        }
+    };
+    for part in parts {
+        eat(part.len() as u64);
+        for x in *part {
+            eat(u64::from(x.to_bits()));
+        }
+    }
+    h
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_digest_sees_every_bit_and_the_split_into_parts() {
+        let x = [1.0f32, -0.0, f32::NAN, 3.5];
+        let d = digest(&[&x]);
+        assert_eq!(d, digest(&[&x.clone()]));
+        let mut y = x;
+        y[1] = 0.0;
+        assert_ne!(d, digest(&[&y]), "signed zero");
+        let mut y = x;
+        y[3] = f32::from_bits(x[3].to_bits() ^ 1);
+        assert_ne!(d, digest(&[&y]), "last bit");
+        assert_ne!(digest(&[&x[..2], &x[2..]]), digest(&[&x[..1], &x[1..]]));
+    }
 
     #[test]
     fn exact_comparison_catches_one_bit() {

@@ -73,8 +73,10 @@ pub use report::{
 /// What [`run`] checks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VerifyOptions {
-    /// A subset of the grid that runs in about a minute on a software adapter (every kernel and
-    /// storage format, fewer shapes, lengths and variants).
+    /// A subset of the grid: every kernel and storage format, fewer shapes, lengths and
+    /// variants. On Mesa's software adapters (2 cores) its kernels take seconds; a cold run
+    /// takes about 5 minutes, almost all of it the driver compiling at first dispatch, and
+    /// seconds once Mesa's shader cache holds the pipelines.
     pub quick: bool,
     /// Only the cases of these kernels; empty: every kernel.
     pub kernels: Vec<Kernel>,
@@ -87,6 +89,10 @@ pub struct VerifyOptions {
     /// the cases of `decode`, `paged`, `dequant` and `mla` must fail.
     #[doc(hidden)]
     pub corrupt: bool,
+    /// Test hook: only the repeat of every case is perturbed, so every case that ran must fail
+    /// as not reproducible.
+    #[doc(hidden)]
+    pub corrupt_repeat: bool,
 }
 
 /// Pipelines compiled and their compilation time on `ctx` and, when there is one, the
@@ -140,6 +146,7 @@ pub fn run(
         oracles: HashMap::new(),
         phases: Phases::default(),
         corrupt: options.corrupt,
+        corrupt_repeat: options.corrupt_repeat,
     };
     let total = checks.len();
     let mut cases = Vec::with_capacity(total);
@@ -151,21 +158,7 @@ pub fn run(
             kernel: check.kernel(),
             name: &name,
         });
-        let case_clock = Stopwatch::start();
-        let before = compile_counters(&verifier);
-        verifier.phases = Phases::default();
-        let outcome = verifier
-            .run(check, 0x5eed + index as u64)
-            .unwrap_or_else(|e| Outcome::unmeasured(Status::Fail, e.to_string()));
-        let compiled = compile_counters(&verifier).since(&before);
-        let compile_seconds = compiled.pipeline_compile_nanos as f64 * 1e-9;
-        let times = CaseTimes {
-            seconds: case_clock.seconds(),
-            pipelines_compiled: compiled.pipelines_compiled,
-            compile_seconds,
-            kernel_seconds: (verifier.phases.gpu - compile_seconds).max(0.0),
-            reference_seconds: verifier.phases.reference,
-        };
+        let (outcome, times) = run_case(&mut verifier, check, 0x5eed + index as u64);
         let case = case_report(index, check, name, outcome, times);
         progress(&Progress::CaseFinished { total, case: &case });
         cases.push(case);
@@ -176,17 +169,24 @@ pub fn run(
         count(Status::Fail),
         count(Status::Unavailable),
     );
+    let sum = |part: fn(&CaseTimes) -> f64| cases.iter().map(|c| part(&c.times)).sum::<f64>();
     let mut times = Times {
         pipelines_compiled: cases.iter().map(|c| c.times.pipelines_compiled).sum(),
-        compile_seconds: cases.iter().map(|c| c.times.compile_seconds).sum(),
-        kernel_seconds: cases.iter().map(|c| c.times.kernel_seconds).sum(),
-        reference_seconds: cases.iter().map(|c| c.times.reference_seconds).sum(),
+        compile_seconds: sum(|t| t.compile_seconds),
+        first_use_seconds: sum(|t| t.first_use_seconds),
+        kernel_seconds: sum(|t| t.kernel_seconds),
+        reference_seconds: sum(|t| t.reference_seconds),
+        repeat_seconds: sum(|t| t.repeat_seconds),
         ..Times::default()
     };
     times.seconds = clock.seconds();
-    times.other_seconds =
-        (times.seconds - times.compile_seconds - times.kernel_seconds - times.reference_seconds)
-            .max(0.0);
+    times.other_seconds = (times.seconds
+        - times.compile_seconds
+        - times.first_use_seconds
+        - times.kernel_seconds
+        - times.reference_seconds
+        - times.repeat_seconds)
+        .max(0.0);
     Ok(VerifyReport {
         adapter: ctx.adapter().clone(),
         capabilities: ctx.caps().clone(),
@@ -198,6 +198,66 @@ pub fn run(
         unavailable,
         times,
     })
+}
+
+/// Runs one case twice on the same data (same seed, same block shuffle). The first run
+/// compiles what the case needs and is judged; the repeat, with every pipeline compiled and
+/// dispatched once, must give a result with the same bits (a kernel whose result depends on
+/// anything but its input fails here), and its GPU side is the case's kernel time. A case whose
+/// first run measured nothing (the kernel failed to run, or is unavailable) is not repeated.
+fn run_case(verifier: &mut Verifier, check: &cases::Check, seed: u64) -> (Outcome, CaseTimes) {
+    let clock = Stopwatch::start();
+    let run = |verifier: &mut Verifier| {
+        verifier.phases = Phases::default();
+        let outcome = verifier
+            .run(check, seed)
+            .unwrap_or_else(|e| Outcome::unmeasured(Status::Fail, e.to_string()));
+        (outcome, verifier.phases)
+    };
+    let before = compile_counters(verifier);
+    let (mut outcome, first) = run(verifier);
+    let compiled_first = compile_counters(verifier).since(&before);
+    let first_compile = compiled_first.pipeline_compile_nanos as f64 * 1e-9;
+    let first_gpu = (first.gpu - first_compile).max(0.0);
+    let (mut kernel_seconds, mut repeat_seconds) = (first_gpu, 0.0);
+    if let Some(digest) = outcome.digest {
+        let repeat_clock = Stopwatch::start();
+        let before_repeat = compile_counters(verifier);
+        let corrupt = verifier.corrupt;
+        verifier.corrupt |= verifier.corrupt_repeat;
+        let (again, warm) = run(verifier);
+        verifier.corrupt = corrupt;
+        let repeat_compile = compile_counters(verifier)
+            .since(&before_repeat)
+            .pipeline_compile_nanos as f64
+            * 1e-9;
+        repeat_seconds = (repeat_clock.seconds() - repeat_compile).max(0.0);
+        kernel_seconds = (warm.gpu - repeat_compile).max(0.0).min(first_gpu);
+        if again.digest != Some(digest) {
+            outcome.status = Status::Fail;
+            let why = match again.note {
+                Some(note) if again.digest.is_none() => format!(": {note}"),
+                _ => String::new(),
+            };
+            let note =
+                format!("not reproducible: a second run on the same data gave other bits{why}");
+            outcome.note = Some(match outcome.note.take() {
+                Some(first_note) => format!("{note}; first run: {first_note}"),
+                None => note,
+            });
+        }
+    }
+    let compiled = compile_counters(verifier).since(&before);
+    let times = CaseTimes {
+        seconds: clock.seconds(),
+        pipelines_compiled: compiled.pipelines_compiled,
+        compile_seconds: compiled.pipeline_compile_nanos as f64 * 1e-9,
+        first_use_seconds: first_gpu - kernel_seconds,
+        kernel_seconds,
+        reference_seconds: first.reference,
+        repeat_seconds,
+    };
+    (outcome, times)
 }
 
 /// The report of one case.

@@ -92,7 +92,9 @@ pub struct QualityTimes {
     /// Seconds compiling them.
     pub compile_seconds: f64,
     /// Seconds on the GPU side less compilation (cache writes, the kernel, read-backs), while
-    /// the codec's references run on other threads.
+    /// the codec's references run on other threads. It includes what a driver defers to a
+    /// pipeline's first dispatch (most of a cold run on Mesa's software adapters), which
+    /// [`run`](super::run) measures apart; the table is not repeated.
     pub kernel_seconds: f64,
     /// Seconds of the f64 reference on the f32 K/V (once per key distribution).
     pub reference_seconds: f64,

@@ -102,28 +102,38 @@ pub enum Metric {
     BitExact,
 }
 
-/// Where a case's time went. `seconds` is the case's wall time; the other three are parts of
-/// it, and what is left (`seconds - compile - kernel - reference`) is the host's data
-/// preparation.
+/// Where a case's time went. `seconds` is the case's wall time; the other parts add up to it
+/// with what is left (`seconds` less all of them), the host's data preparation.
+///
+/// Every case runs twice on the same data ([`run`](super::run)): the first run is judged; the
+/// repeat, with every pipeline already compiled and used once, must give the same bits, and
+/// its GPU side measures the kernels.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CaseTimes {
-    /// Wall time of the case, start to verdict.
+    /// Wall time of the case, start to verdict (both runs).
     pub seconds: f64,
     /// Compute pipelines compiled during the case (the pipeline caches' misses, on every
     /// context the case used).
     pub pipelines_compiled: u64,
     /// Wall time of those compilations ([`Counters::pipeline_compile_nanos`](crate::gpu::Counters::pipeline_compile_nanos)).
     pub compile_seconds: f64,
-    /// Wall time of the GPU side less [`compile_seconds`](Self::compile_seconds): creating the
-    /// cache and buffers, uploads, the dispatches and the read-backs, as the host waited for
-    /// them. Not a GPU timestamp: on a software adapter it is the kernels' CPU time, on a GPU
-    /// it includes the transfers. A driver that finishes compiling a pipeline only at its first
-    /// dispatch (Mesa's llvmpipe behind OpenGL, partly lavapipe) puts that part here: compare
-    /// cases that compiled nothing for the kernels' own time.
+    /// What the first run's GPU side took beyond the repeat's: work a driver defers to the
+    /// first dispatch of a new pipeline (Mesa's llvmpipe behind OpenGL compiles its machine
+    /// code there; lavapipe partly) and other first-use costs. Zero for a case that did not
+    /// run twice (it failed to run, or is unavailable).
+    pub first_use_seconds: f64,
+    /// Wall time of the GPU side of one warm run (the repeat's, or the first run's if it was
+    /// shorter): creating the cache and buffers, uploads, the dispatches and the read-backs, as
+    /// the host waited for them. Not a GPU timestamp: on a software adapter it is the kernels'
+    /// CPU time, on a GPU it includes the transfers.
     pub kernel_seconds: f64,
-    /// Wall time of the CPU oracle: the reference (and f16 emulation) in f64, the CPU codec.
+    /// Wall time of the CPU oracle (first run): the reference (and f16 emulation) in f64, the
+    /// CPU codec.
     pub reference_seconds: f64,
+    /// Wall time of the repeat (its preparation, GPU side and comparison), less any
+    /// compilation it did.
+    pub repeat_seconds: f64,
 }
 
 /// One case of the grid and how it came out.
@@ -169,7 +179,8 @@ pub struct CaseReport {
     pub times: CaseTimes,
 }
 
-/// Totals of a run: wall time of the whole call and its parts.
+/// Totals of a run: wall time of the whole call and its parts (the sums of the cases' parts,
+/// see [`CaseTimes`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Times {
@@ -179,11 +190,15 @@ pub struct Times {
     pub pipelines_compiled: u64,
     /// Seconds compiling them.
     pub compile_seconds: f64,
-    /// Seconds on the GPU side less compilation (see [`CaseTimes::kernel_seconds`]).
+    /// Seconds of first-use work beyond the warm runs ([`CaseTimes::first_use_seconds`]).
+    pub first_use_seconds: f64,
+    /// Seconds on the GPU side of warm runs ([`CaseTimes::kernel_seconds`]).
     pub kernel_seconds: f64,
     /// Seconds in the CPU oracle.
     pub reference_seconds: f64,
-    /// The rest: data preparation and the grid's set-up (`seconds` less the three above).
+    /// Seconds repeating each case to check that it reproduces its bits.
+    pub repeat_seconds: f64,
+    /// The rest: data preparation and the grid's set-up (`seconds` less the parts above).
     pub other_seconds: f64,
 }
 

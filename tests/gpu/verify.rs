@@ -62,7 +62,16 @@ fn assert_consistent(report: &VerifyReport, wall: f64) {
         close(t.reference_seconds, sum(|c| c.reference_seconds)),
         "{t:?}"
     );
-    let parts = t.compile_seconds + t.kernel_seconds + t.reference_seconds;
+    assert!(
+        close(t.first_use_seconds, sum(|c| c.first_use_seconds)),
+        "{t:?}"
+    );
+    assert!(close(t.repeat_seconds, sum(|c| c.repeat_seconds)), "{t:?}");
+    let parts = t.compile_seconds
+        + t.first_use_seconds
+        + t.kernel_seconds
+        + t.reference_seconds
+        + t.repeat_seconds;
     assert!(t.seconds + 1e-6 >= parts, "{t:?}");
     assert!(close(t.seconds, parts + t.other_seconds), "{t:?}");
     assert!(t.seconds <= wall, "report {}s, measured {wall}s", t.seconds);
@@ -70,13 +79,22 @@ fn assert_consistent(report: &VerifyReport, wall: f64) {
     for (i, c) in report.cases.iter().enumerate() {
         assert_eq!(c.index, i);
         let ct = &c.times;
-        let parts = ct.compile_seconds + ct.kernel_seconds + ct.reference_seconds;
+        let parts = ct.compile_seconds
+            + ct.first_use_seconds
+            + ct.kernel_seconds
+            + ct.reference_seconds
+            + ct.repeat_seconds;
         assert!(ct.seconds + 1e-6 >= parts, "{}: {ct:?}", c.name);
         assert!(
             ct.kernel_seconds > 0.0 && ct.reference_seconds > 0.0,
             "{}: {ct:?}",
             c.name
         );
+        // Every case that measured something ran twice; the repeat holds the kernels again.
+        if c.max_error.is_some() {
+            assert!(ct.repeat_seconds >= ct.kernel_seconds, "{}: {ct:?}", c.name);
+            assert!(ct.first_use_seconds >= 0.0, "{}: {ct:?}", c.name);
+        }
     }
 }
 
@@ -165,9 +183,24 @@ fn corrupted_outputs_fail() {
             }
         }
     }
+    // Perturbing only the repeat: every case is judged passing on its first run, then fails
+    // as not reproducible.
+    options.corrupt = false;
+    options.corrupt_repeat = true;
+    let unstable = run_checked(&ctx, &options);
+    assert_eq!(unstable.failed, unstable.cases.len(), "{unstable:#?}");
+    for c in &unstable.cases {
+        let note = c.note.as_deref().unwrap_or("");
+        assert!(note.starts_with("not reproducible"), "{c:?}");
+        match c.metric {
+            Metric::BitExact => assert_eq!(c.max_error, Some(0.0), "{c:?}"),
+            Metric::Tolerance => assert!(c.max_error.unwrap() <= c.bound.unwrap(), "{c:?}"),
+        }
+    }
+    options.corrupt_repeat = false;
+
     // The name filter selects: no case has this in its name.
     options.name_contains = Some("no such case".into());
-    options.corrupt = false;
     let none = run_checked(&ctx, &options);
     assert!(none.cases.is_empty() && none.passed());
 }
