@@ -128,6 +128,39 @@ fn no_reference_to_a_design_outside_the_repository() {
     );
 }
 
+/// The anchors linked after each "ARCHITECTURE.md#", up to a `)` or white space.
+fn linked_anchors(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("ARCHITECTURE.md#") {
+        rest = &rest[at + "ARCHITECTURE.md#".len()..];
+        let end = rest
+            .find(|c: char| c == ')' || c.is_whitespace())
+            .unwrap_or(rest.len());
+        out.push(&rest[..end]);
+    }
+    out
+}
+
+/// Runs `refs` over the text of every repository file; `refs` names each reference it finds
+/// and says whether it resolves. Returns how many were found and "file: name" for each that
+/// does not resolve.
+fn unresolved(refs: impl Fn(&str) -> Vec<(String, bool)>) -> (usize, Vec<String>) {
+    let (mut found, mut missing) = (0, Vec::new());
+    for file in repository_files() {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        for (name, resolves) in refs(&text) {
+            found += 1;
+            if !resolves {
+                missing.push(format!("{}: {name}", file.display()));
+            }
+        }
+    }
+    (found, missing)
+}
+
 #[test]
 fn every_cited_section_exists() {
     let sections = sections();
@@ -136,19 +169,17 @@ fn every_cited_section_exists() {
         "found only {} sections",
         sections.len()
     );
-    let mut cited = 0;
-    let mut missing = Vec::new();
-    for file in repository_files() {
-        let Ok(text) = std::fs::read_to_string(&file) else {
-            continue;
-        };
-        for n in cited_sections(&joined(&text)) {
-            cited += 1;
-            if !sections.iter().any(|(s, _)| *s == n) {
-                missing.push(format!("{}: section {n}", file.display()));
-            }
-        }
-    }
+    let (cited, missing) = unresolved(|text| {
+        cited_sections(&joined(text))
+            .into_iter()
+            .map(|n| {
+                (
+                    format!("section {n}"),
+                    sections.iter().any(|(s, _)| *s == n),
+                )
+            })
+            .collect()
+    });
     assert!(cited > 20, "found only {cited} citations");
     assert!(
         missing.is_empty(),
@@ -159,25 +190,12 @@ fn every_cited_section_exists() {
 #[test]
 fn every_link_to_a_heading_exists() {
     let sections = sections();
-    let mut links = 0;
-    let mut missing = Vec::new();
-    for file in repository_files() {
-        let Ok(text) = std::fs::read_to_string(&file) else {
-            continue;
-        };
-        let mut rest = text.as_str();
-        while let Some(at) = rest.find("ARCHITECTURE.md#") {
-            rest = &rest[at + "ARCHITECTURE.md#".len()..];
-            let end = rest
-                .find(|c: char| c == ')' || c.is_whitespace())
-                .unwrap_or(rest.len());
-            links += 1;
-            let target = &rest[..end];
-            if !sections.iter().any(|(_, a)| a == target) {
-                missing.push(format!("{}: #{target}", file.display()));
-            }
-        }
-    }
+    let (links, missing) = unresolved(|text| {
+        linked_anchors(text)
+            .into_iter()
+            .map(|a| (format!("#{a}"), sections.iter().any(|(_, s)| s == a)))
+            .collect()
+    });
     assert!(links > 0, "found no links to a heading");
     assert!(
         missing.is_empty(),
@@ -204,6 +222,12 @@ fn citations_are_parsed_as_written() {
     assert_eq!(
         joined("//! a (ARCHITECTURE.md\n//! section 12). b"),
         "a (ARCHITECTURE.md section 12). b"
+    );
+    assert_eq!(
+        linked_anchors(
+            "[a](docs/ARCHITECTURE.md#6-kv-storage-formats) and\nARCHITECTURE.md#1-principles"
+        ),
+        ["6-kv-storage-formats", "1-principles"]
     );
     assert_eq!(
         anchor("10. NaN, infinities and extreme values"),

@@ -146,7 +146,6 @@ pub fn run(
         oracles: HashMap::new(),
         phases: Phases::default(),
         corrupt: options.corrupt,
-        corrupt_repeat: options.corrupt_repeat,
     };
     let total = checks.len();
     let mut cases = Vec::with_capacity(total);
@@ -158,7 +157,8 @@ pub fn run(
             kernel: check.kernel(),
             name: &name,
         });
-        let (outcome, times) = run_case(&mut verifier, check, 0x5eed + index as u64);
+        let seed = 0x5eed + index as u64;
+        let (outcome, times) = run_case(&mut verifier, check, seed, options.corrupt_repeat);
         let case = case_report(index, check, name, outcome, times);
         progress(&Progress::CaseFinished { total, case: &case });
         cases.push(case);
@@ -205,7 +205,13 @@ pub fn run(
 /// dispatched once, must give a result with the same bits (a kernel whose result depends on
 /// anything but its input fails here), and its GPU side is the case's kernel time. A case whose
 /// first run measured nothing (the kernel failed to run, or is unavailable) is not repeated.
-fn run_case(verifier: &mut Verifier, check: &cases::Check, seed: u64) -> (Outcome, CaseTimes) {
+/// `corrupt_repeat` (a test hook) perturbs the repeat's results alone.
+fn run_case(
+    verifier: &mut Verifier,
+    check: &cases::Check,
+    seed: u64,
+    corrupt_repeat: bool,
+) -> (Outcome, CaseTimes) {
     let clock = Stopwatch::start();
     let run = |verifier: &mut Verifier| {
         verifier.phases = Phases::default();
@@ -224,7 +230,7 @@ fn run_case(verifier: &mut Verifier, check: &cases::Check, seed: u64) -> (Outcom
         let repeat_clock = Stopwatch::start();
         let before_repeat = compile_counters(verifier);
         let corrupt = verifier.corrupt;
-        verifier.corrupt |= verifier.corrupt_repeat;
+        verifier.corrupt |= corrupt_repeat;
         let (again, warm) = run(verifier);
         verifier.corrupt = corrupt;
         let repeat_compile = compile_counters(verifier)

@@ -119,9 +119,10 @@ pub struct CaseTimes {
     /// Wall time of those compilations ([`Counters::pipeline_compile_nanos`](crate::gpu::Counters::pipeline_compile_nanos)).
     pub compile_seconds: f64,
     /// What the first run's GPU side took beyond the repeat's: work a driver defers to the
-    /// first dispatch of a new pipeline (Mesa's llvmpipe behind OpenGL compiles its machine
-    /// code there; lavapipe partly) and other first-use costs. Zero for a case that did not
-    /// run twice (it failed to run, or is unavailable).
+    /// first dispatch of a new pipeline (Mesa's llvmpipe behind OpenGL and lavapipe both
+    /// compile their machine code there: nearly all of a cold `--quick` run) and other
+    /// first-use costs. Zero for a case that did not run twice (it failed to run, or is
+    /// unavailable).
     pub first_use_seconds: f64,
     /// Wall time of the GPU side of one warm run (the repeat's, or the first run's if it was
     /// shorter): creating the cache and buffers, uploads, the dispatches and the read-backs, as

@@ -29,8 +29,6 @@ pub(crate) struct Verifier<'a> {
     pub phases: Phases,
     /// Test hook: attention outputs and decoded values are perturbed before they are judged.
     pub corrupt: bool,
-    /// Test hook: [`Verifier::corrupt`] is set for the repeat of each case only.
-    pub corrupt_repeat: bool,
 }
 
 /// Wall time of the current case's GPU side (compilation included) and of its CPU oracle.

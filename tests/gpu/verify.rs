@@ -93,7 +93,7 @@ fn assert_consistent(report: &VerifyReport, wall: f64) {
         // Every case that measured something ran twice; the repeat holds the kernels again.
         if c.max_error.is_some() {
             assert!(ct.repeat_seconds >= ct.kernel_seconds, "{}: {ct:?}", c.name);
-            assert!(ct.first_use_seconds >= 0.0, "{}: {ct:?}", c.name);
+            assert!(ct.first_use_seconds.is_finite(), "{}: {ct:?}", c.name);
         }
     }
 }
@@ -158,6 +158,14 @@ fn the_grid_reports_every_case_with_honest_times() {
         assert_eq!(v["cases"][0]["status"], "pass");
         assert_eq!(v["cases"][0]["kernel"], "decode");
         assert_eq!(v["times"]["pipelines_compiled"], t.pipelines_compiled);
+        // The parts of the time split reach the JSON, per case and in total.
+        for part in ["first_use_seconds", "kernel_seconds", "repeat_seconds"] {
+            assert!(v["times"][part].is_f64(), "times.{part}");
+            assert!(
+                v["cases"][0]["times"][part].is_f64(),
+                "cases[0].times.{part}"
+            );
+        }
         assert!(v["adapter"]["name"].is_string());
     }
 }
