@@ -1,25 +1,33 @@
-// Attention over a paged KV cache: decode (one query per sequence) and chunked prefill (a chunk of
-// queries after a cached prefix) in one kernel.
+// Attention over a paged KV cache for GPUs: decode (one query per sequence) and chunked prefill
+// (a chunk of queries after a cached prefix) in one kernel.
 //
 // Rows. A query row is one (query token, query head) pair of one sequence. The rows of a sequence
 // that share a KV head are ordered token-major (row r = token (r / GROUP), head r % GROUP of the
 // group) and cut into tiles of TILE rows: for decode a tile is (part of) the GQA group of one
-// token, for prefill a few tokens times the group. A tile's queries sit in workgroup memory, so
-// each K/V row is read once per tile. Rows never interact: a row's bits do not depend on which
-// other rows share its tile. Loops over a tile's rows run to the constant TILE, so that a
-// compiler can unroll them and keep per-row values in registers; rows past `n_rows` hold zero
-// queries and are computed but never used. The host sizes TILE to the batch (a decode tile is the
-// GQA group) without moving any sequence's tile boundaries.
+// token, for prefill a few tokens times the group. Every K/V row is read once per tile. Rows
+// never interact: a row's bits do not depend on which other rows share its tile, or on TILE.
+// Rows past `n_rows` repeat the last row and are computed but never written.
 //
 // Work items. The host plans, per (sequence, tile), the key range the tile can see, cut at fixed
-// token splits (split-K, the same for every batch) and where the sequence's blocks change pool
-// buffer. One dispatch per pool buffer binds that buffer's K and V; a workgroup serves one
-// (work item, KV head) and writes a partial (o, lse) per row, merged in key order by merge.wgsl
-// (which also adds the sinks).
+// token splits (split-K, the same for every batch). A workgroup serves one (work item, KV head)
+// and writes a partial (o, lse) per row, merged in key order by merge.wgsl (which also adds the
+// sinks).
+//
+// Lane groups. The workgroup's WG invocations are NG = WG / KEY_LANES groups of KEY_LANES lanes.
+// A group reads one key row at a time: lane l loads the row's 16-byte chunks l, l + KEY_LANES,
+// ..., so neighbouring lanes read neighbouring bytes, and each lane holds the query columns of
+// its chunks (every row of the tile) in registers. A key's partial dot products are summed over
+// the group's lanes by a fixed butterfly (lanes_sum_rows: subgroup shuffles in
+// rows_subgroup.wgsl, the same tree through workgroup memory in rows_portable.wgsl, bit for bit
+// the same sums). Each group runs its own online softmax over its keys, the keys j with
+// j % NG == its index (absolute token positions, so the partition of a row's keys is the same
+// in every tile and batch that holds the row), and reads each V row once, each lane its chunks of
+// it. The groups combine once at the end, in group order. The subgroup path has no barrier in the
+// key loop; the portable one has one per NG keys.
 //
 // Scores follow ARCHITECTURE.md section 2: scale, softcap, ALiBi, mask (bottom-right causal,
 // window). NaN and infinities follow softmax.wgsl: a visible key whose score is NaN or +inf marks
-// its row (row_bad), whose output and lse are then written as NaN; a key whose probability is 0
+// its row (bad), whose output and lse are then written as NaN; a key whose probability is 0
 // (masked, or a score of -inf) is never read into the output, whatever its value row holds.
 //
 // MLA (absorbed, DeepSeek-V2) is the same computation over a latent cache: with ROPE_DIM > 0 a
@@ -28,54 +36,74 @@
 // the queries are [q_lat ; q_pe]. One latent row serves every head of a tile: MQA with head dims
 // K_DIM + ROPE_DIM and K_DIM.
 //
-// Quantized K/V (FP8, int8) are read as codes (kv_load4_codes) and their scales are applied once
-// per key rather than per value: a K row's scale multiplies its dot products, a V row's scale its
-// probabilities (after the running sums have read them), and a per-tensor V scale the output
-// once. Int4 (a scale per group of 32) is
-// decoded in full.
+// Quantized K/V (FP8, int8) are read as codes and their scales are applied once per key rather
+// than per value: a K row's scale multiplies each lane's partial dot products, a V row's scale
+// the probabilities (after the running sums have read them), and a per-tensor V scale the output
+// once. Int4 decodes each chunk (one scale group) with its group's scale and min.
+//
+// Arithmetic is written with explicit fma where a product meets a sum, so that every pipeline
+// of this kernel (whatever its TILE) does the same operations.
 
 override WG: u32 = 64u;
+// Lanes sharing one key row: a power of two, at most 32, dividing WG.
+override KEY_LANES: u32 = 8u;
+// Key groups of the workgroup.
+override NG: u32 = WG / KEY_LANES;
+// Rows are read as vec4<u32> (every row of both pools starts on a 16-byte boundary).
+override WIDE: bool = false;
+// 16-byte chunks of a K pool row, of a value row (V, or the latent for MLA) and of an MLA RoPE
+// key (V pool; 0 otherwise), and vec4 columns per chunk of each (kv_chunk.wgsl).
+override K_CH: u32 = 16u;
+override V_CH: u32 = 16u;
+override R_CH: u32 = 0u;
+override QK: u32 = 2u;
+override QV: u32 = 2u;
+override QR: u32 = 2u;
+// Chunks per lane of each.
+override CHK: u32 = (K_CH + KEY_LANES - 1u) / KEY_LANES;
+override CHV: u32 = (V_CH + KEY_LANES - 1u) / KEY_LANES;
+override CHR: u32 = (R_CH + KEY_LANES - 1u) / KEY_LANES;
 const MAX_TILE: u32 = 16u;
-const MAX_ACC: u32 = 8u;
-// Output accumulators: OUT_DIM / 4 columns (vec4) over the workgroup. With at most WG columns,
-// LANES invocations share a column and each holds ACC_ROWS rows of it; with more, each
-// invocation holds ACC_COLS columns of every row.
-override ACC_COLS: u32 = (OUT_DIM / 4u + WG - 1u) / WG;
-override LANES: u32 = max(1u, WG / (OUT_DIM / 4u));
-override ACC_ROWS: u32 = (TILE + LANES - 1u) / LANES;
-var<workgroup> q_tile: array<real4, TILE * (K_DIM + ROPE_DIM) / 4u>;
-var<workgroup> scores: array<f32, TILE * WG>;
-var<workgroup> row_max: array<f32, MAX_TILE>;
-var<workgroup> row_sum: array<f32, MAX_TILE>;
-var<workgroup> row_alpha: array<f32, MAX_TILE>;
-// Nonzero once a visible key's score poisoned the row (NaN or +inf).
-var<workgroup> row_bad: array<atomic<u32>, MAX_TILE>;
-// Position p_i of each row's query, and its ALiBi slope.
-var<workgroup> row_pos: array<u32, MAX_TILE>;
-var<workgroup> row_slope: array<f32, MAX_TILE>;
-// Per-row scale of each key of the chunk's V rows (1 unless V has per-row scales).
-var<workgroup> v_row_scale: array<f32, WG>;
-// Pool row of each key of the chunk (found once, by the invocation scoring that key).
-var<workgroup> key_row: array<u32, WG>;
+// Query and accumulator vec4s of one invocation at most (the host sizes TILE to fit:
+// TILE * (CHK QK + CHR QR) <= MAX_QREG and TILE * CHV QV <= MAX_AREG).
+const MAX_QREG: u32 = 32u;
+const MAX_AREG: u32 = 32u;
 
-// Column of accumulator set m of invocation tid.
-fn acc_col(tid: u32, m: u32) -> u32 {
-    if ACC_COLS == 1u {
-        return tid % (OUT_DIM / 4u);
-    }
-    return tid + m * WG;
+// Each group's running max, sum and poisoned flag per row, then the combined output rows.
+override GROUP_ROWS: u32 = NG * TILE;
+override COMB_LEN: u32 = TILE * OUT_DIM / 4u;
+var<workgroup> grp_m: array<f32, GROUP_ROWS>;
+var<workgroup> grp_l: array<f32, GROUP_ROWS>;
+var<workgroup> grp_bad: array<u32, GROUP_ROWS>;
+var<workgroup> comb: array<vec4<f32>, COMB_LEN>;
+
+fn kv_half2(w: u32) -> vec2<f32> {
+    return kv_unpack_f16x2(w);
 }
 
-// Which of a column's LANES an invocation is.
-fn acc_lane(tid: u32) -> u32 {
-    if ACC_COLS == 1u {
-        return tid / (OUT_DIM / 4u);
+// Chunk ci (words 4ci .. 4ci + 3) of pool row `row` of K (which == 0u) or V, of `words` words;
+// words past the row read as 0.
+fn pool_chunk(which: u32, row: u32, ci: u32, words: u32) -> vec4<u32> {
+    if WIDE {
+        return kv_word4(which, row, ci);
     }
-    return 0u;
+    let base = kv_row_base(which, row) + ci * 4u;
+    var w = vec4<u32>(0u);
+    for (var e = 0u; e < 4u; e++) {
+        if ci * 4u + e < words {
+            w[e] = kv_word(which, base + e);
+        }
+    }
+    return w;
 }
 
-// The kernel body; the entry point `main` and the row reductions `rows_update_max` /
-// `rows_update_sum` come from rows_portable.wgsl or rows_subgroup.wgsl.
+// d + q . k, in a fixed order.
+fn dot_fma(q: vec4<f32>, k: vec4<f32>, d: f32) -> f32 {
+    return fma(q.w, k.w, fma(q.z, k.z, fma(q.y, k.y, fma(q.x, k.x, d))));
+}
+
+// The kernel body; the entry point `main` and `lanes_sum_rows` come from rows_portable.wgsl or
+// rows_subgroup.wgsl.
 fn attend(wid: vec3<u32>, tid: u32) {
     let item = plan[params.list_at + wid.x];
     let kv_head = wid.y;
@@ -84,154 +112,188 @@ fn attend(wid: vec3<u32>, tid: u32) {
     let q4 = (K_DIM + ROPE_DIM) / 4u;
     let dv4 = OUT_DIM / 4u;
     let vp = value_pool();
+    let v_dtype = kv_dtype_of(vp);
     let causal = (params.flags & FLAG_CAUSAL) != 0u;
+    let alibi = (params.flags & FLAG_ALIBI) != 0u;
     let bs_shift = firstTrailingBit(params.block_size);
     let bs_mask = params.block_size - 1u;
-    let alibi = (params.flags & FLAG_ALIBI) != 0u;
+    let lane = tid % KEY_LANES;
+    let grp = tid / KEY_LANES;
+    let k_words = kv_wpr(0u);
+    let v_words = kv_wpr(vp);
+    let r_words = kv_wpr(1u);
+    let r_at = TILE * CHK * QK;
 
-    if tid < MAX_TILE {
-        row_max[tid] = MASKED;
-        row_sum[tid] = 0.0;
-        atomicStore(&row_bad[tid], 0u);
-        if tid < it.n_rows {
-            let r = it.row0 + tid;
-            let h = kv_head * GROUP + r % GROUP;
-            row_pos[tid] = r / GROUP + it.len_k - it.len_q;
-            row_slope[tid] = select(0.0, bitcast<f32>(plan[params.slopes_at + h]), alibi);
-        }
-    }
-    for (var i = tid; i < TILE * q4; i += WG) {
-        let t = i / q4;
-        var v = vec4<f32>(0.0);
-        if t < it.n_rows {
-            let r = it.row0 + t;
-            let h = kv_head * GROUP + r % GROUP;
-            v = q[((it.q_base + r / GROUP) * params.num_q_heads + h) * q4 + i % q4];
-        }
-        q_tile[i] = real4(v);
-    }
-    var acc: array<vec4<f32>, MAX_ACC>;
-    workgroupBarrier();
-
-    for (var c0 = it.key_start; c0 < it.key_end; c0 += WG) {
-        // 1. One key per invocation, scored against every row of the tile.
-        let j = c0 + tid;
-        if j < it.key_end {
-            var dots: array<f32, MAX_TILE>;
-            // Block sizes are powers of two: shifts and masks, not divisions.
-            let block = plan[it.table + (j >> bs_shift)] - params.first_block;
-            let row = (block * params.num_kv_heads + kv_head) * params.block_size + (j & bs_mask);
-            key_row[tid] = row;
-            if K_DTYPE == KV_INT4 {
-                // Each group's scale and min decoded once.
-                for (var g = 0u; g < d4 / 8u; g++) {
-                    let sm = kv_int4_group(0u, row, g);
-                    for (var c = g * 8u; c < g * 8u + 8u; c++) {
-                        let k = vec4<f32>(real4(kv_int4_load4(0u, row, c, sm)));
-                        for (var t = 0u; t < TILE; t++) {
-                            dots[t] += dot(vec4<f32>(q_tile[t * q4 + c]), k);
-                        }
-                    }
+    // The lane's query columns of every row, its rows' positions and slopes, running states.
+    var qreg: array<vec4<f32>, MAX_QREG>;
+    var pos: array<u32, MAX_TILE>;
+    var slope: array<f32, MAX_TILE>;
+    var m: array<f32, MAX_TILE>;
+    var l: array<f32, MAX_TILE>;
+    var bad: array<bool, MAX_TILE>;
+    for (var t = 0u; t < TILE; t++) {
+        let r = it.row0 + min(t, it.n_rows - 1u);
+        let h = kv_head * GROUP + r % GROUP;
+        pos[t] = r / GROUP + it.len_k - it.len_q;
+        slope[t] = select(0.0, bitcast<f32>(plan[params.slopes_at + h]), alibi);
+        m[t] = MASKED;
+        l[t] = 0.0;
+        bad[t] = false;
+        let qb = ((it.q_base + r / GROUP) * params.num_q_heads + h) * q4;
+        for (var c = 0u; c < CHK; c++) {
+            for (var p = 0u; p < QK; p++) {
+                let col = (lane + c * KEY_LANES) * QK + p;
+                var v = vec4<f32>(0.0);
+                if col < d4 {
+                    v = q[qb + col];
                 }
-            } else {
-                for (var c = 0u; c < d4; c++) {
-                    let k = vec4<f32>(real4(kv_load4_codes(0u, row, c)));
+                qreg[(t * CHK + c) * QK + p] = vec4<f32>(real4(v));
+            }
+        }
+        for (var c = 0u; c < CHR; c++) {
+            for (var p = 0u; p < QR; p++) {
+                let col = (lane + c * KEY_LANES) * QR + p;
+                var v = vec4<f32>(0.0);
+                if col < ROPE_DIM / 4u {
+                    v = q[qb + d4 + col];
+                }
+                qreg[r_at + (t * CHR + c) * QR + p] = vec4<f32>(real4(v));
+            }
+        }
+    }
+    var acc: array<vec4<f32>, MAX_AREG>;
+
+    // Group grp takes keys base + s NG + grp: the keys j of the item with j % NG == grp. Every
+    // invocation runs the same steps (the portable reduction has a barrier per step).
+    let base = it.key_start - it.key_start % NG;
+    let steps = (it.key_end - base + NG - 1u) / NG;
+    for (var s = 0u; s < steps; s++) {
+        let j = base + s * NG + grp;
+        let live = j >= it.key_start && j < it.key_end;
+        let jc = clamp(j, it.key_start, it.key_end - 1u);
+        // Block sizes are powers of two: shifts and masks, not divisions.
+        let block = plan[it.table + (jc >> bs_shift)] - params.first_block;
+        let row = (block * params.num_kv_heads + kv_head) * params.block_size + (jc & bs_mask);
+
+        // 1. This lane's part of the key's dot product with every row.
+        var d: array<f32, MAX_TILE>;
+        for (var c = 0u; c < CHK; c++) {
+            let ci = lane + c * KEY_LANES;
+            if ci < K_CH {
+                let w = pool_chunk(0u, row, ci, k_words);
+                var sm = vec2<f32>(0.0);
+                if K_DTYPE == KV_INT4 {
+                    sm = kv_int4_group(0u, row, ci);
+                }
+                for (var p = 0u; p < QK; p++) {
+                    let k = vec4<f32>(real4(kv_quad_of(K_DTYPE, w, p, sm)));
                     for (var t = 0u; t < TILE; t++) {
-                        dots[t] += dot(vec4<f32>(q_tile[t * q4 + c]), k);
+                        d[t] = dot_fma(qreg[(t * CHK + c) * QK + p], k, d[t]);
                     }
                 }
             }
-            let k_scale = kv_row_scale(0u, row);
-            if kv_row_scaled(vp) {
-                v_row_scale[tid] = kv_row_scale(vp, row);
-            }
-            for (var t = 0u; t < TILE; t++) {
-                dots[t] *= k_scale;
-            }
-            // MLA: the RoPE part of the key, decoded in full (16-bit or f32, no row scale).
-            for (var c = 0u; c < ROPE_DIM / 4u; c++) {
-                let k = vec4<f32>(real4(kv_load4(1u, row, c)));
-                for (var t = 0u; t < TILE; t++) {
-                    dots[t] += dot(vec4<f32>(q_tile[t * q4 + d4 + c]), k);
-                }
-            }
-            for (var t = 0u; t < TILE; t++) {
-                let p = row_pos[t];
-                var visible = true;
-                if causal {
-                    // p - j < window, never j + window > p: no sum of positions can wrap.
-                    visible = j <= p && (params.window == 0u || p - j < params.window);
-                }
-                let dist = select(j - p, p - j, p >= j);
-                let sc = score_of(dots[t], params.scale, params.softcap, row_slope[t] * f32(dist));
-                if visible && sc.poison {
-                    atomicOr(&row_bad[t], 1u);
-                }
-                scores[t * WG + tid] = select(MASKED, sc.value, visible);
-            }
-        } else {
-            for (var t = 0u; t < TILE; t++) {
-                scores[t * WG + tid] = MASKED;
-            }
-            v_row_scale[tid] = 1.0;
         }
-        workgroupBarrier();
-
-        // 2. New running max per row and the factor rescaling what came before.
-        rows_update_max(tid, it.n_rows);
-        workgroupBarrier();
-
-        // 3. Probabilities, held in `real` precision.
+        let k_scale = kv_row_scale(0u, row);
         for (var t = 0u; t < TILE; t++) {
-            if t >= it.n_rows {
-                break;
-            }
-            let i = t * WG + tid;
-            scores[i] = f32(real(softmax_weight(scores[i], row_max[t])));
+            d[t] *= k_scale;
         }
-        workgroupBarrier();
+        // MLA: the RoPE part of the key (16-bit or f32, no row scale).
+        for (var c = 0u; c < CHR; c++) {
+            let ci = lane + c * KEY_LANES;
+            if ci < R_CH {
+                let w = pool_chunk(1u, row, ci, r_words);
+                for (var p = 0u; p < QR; p++) {
+                    let k = vec4<f32>(real4(kv_quad_of(V_DTYPE, w, p, vec2<f32>(0.0))));
+                    for (var t = 0u; t < TILE; t++) {
+                        d[t] = dot_fma(qreg[r_at + (t * CHR + c) * QR + p], k, d[t]);
+                    }
+                }
+            }
+        }
+        // 2. The whole dot products (the same in every lane of the group).
+        let dots = lanes_sum_rows(d);
 
-        // 4. Running sums, and the tile's outputs (neighbouring invocations read neighbouring
-        // values of a V row).
-        rows_update_sum(tid, it.n_rows);
-        if kv_row_scaled(vp) {
-            // Fold each V row's scale into its probabilities once (the sums above are done).
-            workgroupBarrier();
+        // 3. Scores and the online softmax of every row; probabilities in `real` precision.
+        let v_scale = select(1.0, kv_row_scale(vp, row), kv_row_scaled(vp));
+        var alpha: array<f32, MAX_TILE>;
+        var pv: array<f32, MAX_TILE>;
+        for (var t = 0u; t < TILE; t++) {
+            let p_t = pos[t];
+            var visible = live;
+            if causal {
+                // p - j < window, never j + window > p: no sum of positions can wrap.
+                visible = visible && jc <= p_t && (params.window == 0u || p_t - jc < params.window);
+            }
+            let dist = select(jc - p_t, p_t - jc, p_t >= jc);
+            let sc = score_of(dots[t], params.scale, params.softcap, slope[t] * f32(dist));
+            bad[t] = bad[t] || (visible && sc.poison);
+            let sv = select(MASKED, sc.value, visible);
+            let mn = max(m[t], sv);
+            alpha[t] = exp(m[t] - mn);
+            let p = f32(real(softmax_weight(sv, mn)));
+            l[t] = fma(l[t], alpha[t], p);
+            m[t] = mn;
             // A zero probability stays zero (a masked key's scale may be NaN).
-            for (var t = 0u; t < TILE; t++) {
-                let i = t * WG + tid;
-                if bits_nonzero(scores[i]) {
-                    scores[i] *= v_row_scale[tid];
-                }
-            }
-            workgroupBarrier();
+            pv[t] = select(0.0, p * v_scale, bits_nonzero(p));
         }
-        // Each invocation owns ACC_COLS columns of the V rows and, for each, the rows
-        // lane, lane + LANES, ...: a V value is loaded and decoded once per invocation and used
-        // for all of its rows.
-        let n = min(WG, it.key_end - c0);
-        for (var m = 0u; m < ACC_COLS; m++) {
-            let c = acc_col(tid, m);
-            if c >= dv4 || acc_lane(tid) >= LANES {
-                break;
-            }
-            for (var k = 0u; k < ACC_ROWS; k++) {
-                let t = acc_lane(tid) + k * LANES;
-                if t < it.n_rows {
-                    acc[m * ACC_ROWS + k] *= row_alpha[t];
+
+        // 4. The value row, each lane its chunks: acc = acc alpha + p v, the product only where
+        // p is not zero (0 * inf or 0 * NaN must not reach a row).
+        for (var c = 0u; c < CHV; c++) {
+            let ci = lane + c * KEY_LANES;
+            if ci < V_CH {
+                let w = pool_chunk(vp, row, ci, v_words);
+                var sm = vec2<f32>(0.0);
+                if v_dtype == KV_INT4 {
+                    sm = kv_int4_group(vp, row, ci);
+                }
+                for (var p = 0u; p < QV; p++) {
+                    let v = vec4<f32>(real4(kv_quad_of(v_dtype, w, p, sm)));
+                    for (var t = 0u; t < TILE; t++) {
+                        let a = (t * CHV + c) * QV + p;
+                        var x = acc[a] * alpha[t];
+                        if bits_nonzero(pv[t]) {
+                            x = fma(vec4<f32>(pv[t]), v, x);
+                        }
+                        acc[a] = x;
+                    }
                 }
             }
-            for (var i = 0u; i < n; i++) {
-                let row = key_row[i];
-                let v = vec4<f32>(real4(kv_load4_codes(vp, row, c)));
-                for (var k = 0u; k < ACC_ROWS; k++) {
-                    let t = acc_lane(tid) + k * LANES;
-                    if t < it.n_rows {
-                        // Keys of probability 0 are skipped: 0 * inf or 0 * NaN must not reach
-                        // a row.
-                        let p = scores[t * WG + i];
-                        if bits_nonzero(p) {
-                            acc[m * ACC_ROWS + k] += p * v;
+        }
+    }
+
+    // 5. The groups combine, in group order: each row's max over the groups, the groups' sums
+    // and outputs rescaled to it.
+    if lane == 0u {
+        for (var t = 0u; t < TILE; t++) {
+            grp_m[grp * TILE + t] = m[t];
+            grp_l[grp * TILE + t] = l[t];
+            grp_bad[grp * TILE + t] = u32(bad[t]);
+        }
+    }
+    workgroupBarrier();
+    var f: array<f32, MAX_TILE>;
+    for (var t = 0u; t < TILE; t++) {
+        var mt = MASKED;
+        for (var g = 0u; g < NG; g++) {
+            mt = max(mt, grp_m[g * TILE + t]);
+        }
+        f[t] = exp(m[t] - mt);
+    }
+    for (var g = 0u; g < NG; g++) {
+        if grp == g {
+            for (var c = 0u; c < CHV; c++) {
+                for (var p = 0u; p < QV; p++) {
+                    let col = (lane + c * KEY_LANES) * QV + p;
+                    if col < dv4 {
+                        for (var t = 0u; t < TILE; t++) {
+                            let a = (t * CHV + c) * QV + p;
+                            let i = t * dv4 + col;
+                            if g == 0u {
+                                comb[i] = acc[a] * f[t];
+                            } else {
+                                comb[i] = fma(acc[a], vec4<f32>(f[t]), comb[i]);
+                            }
                         }
                     }
                 }
@@ -240,28 +302,29 @@ fn attend(wid: vec3<u32>, tid: u32) {
         workgroupBarrier();
     }
 
-    // Partial state of each row: normalized output and log-sum-exp (-inf when the row saw no
+    // 6. Partial state of each row: normalized output and log-sum-exp (-inf when the row saw no
     // key of this item; NaN for both when a visible key poisoned it).
     let out_base = (item * params.num_kv_heads + kv_head) * TILE;
-    for (var m = 0u; m < ACC_COLS; m++) {
-        let c = acc_col(tid, m);
-        if c >= dv4 || acc_lane(tid) >= LANES {
-            break;
+    let v_tensor = value_tensor_scale();
+    let nan = bitcast<f32>(NAN_BITS);
+    for (var i = tid; i < it.n_rows * dv4; i += WG) {
+        let t = i / dv4;
+        let c = i % dv4;
+        var mt = MASKED;
+        var row_bad = 0u;
+        for (var g = 0u; g < NG; g++) {
+            mt = max(mt, grp_m[g * TILE + t]);
+            row_bad |= grp_bad[g * TILE + t];
         }
-        for (var k = 0u; k < ACC_ROWS; k++) {
-            let t = acc_lane(tid) + k * LANES;
-            if t < it.n_rows {
-                let l = row_sum[t];
-                // A per-tensor V scale (1 otherwise) applied once, with the normalization.
-                let v_scale = value_tensor_scale();
-                let bad = atomicLoad(&row_bad[t]) != 0u;
-                let nan = bitcast<f32>(NAN_BITS);
-                let o = acc[m * ACC_ROWS + k] * (select(0.0, 1.0 / l, l > 0.0) * v_scale);
-                o_part[(out_base + t) * dv4 + c] = select(o, vec4<f32>(nan), bad);
-                if c == 0u {
-                    lse_part[out_base + t] = select(softmax_lse(row_max[t], l), nan, bad);
-                }
-            }
+        var lt = 0.0;
+        for (var g = 0u; g < NG; g++) {
+            lt = fma(grp_l[g * TILE + t], exp(grp_m[g * TILE + t] - mt), lt);
+        }
+        let poisoned = row_bad != 0u;
+        let o = comb[i] * (select(0.0, 1.0 / lt, lt > 0.0) * v_tensor);
+        o_part[(out_base + t) * dv4 + c] = select(o, vec4<f32>(nan), poisoned);
+        if c == 0u {
+            lse_part[out_base + t] = select(softmax_lse(mt, lt), nan, poisoned);
         }
     }
 }

@@ -25,59 +25,11 @@
 
 override LANE_WG: u32 = 8u;
 
-// The K and V pools again (the same buffers as bindings 2 and 3), as vec4<u32>, for shapes
-// whose rows all start on a 16-byte boundary: the code written out for them reads four words
-// per access, so an adapter that loads lane by lane does a quarter of the loads.
-@group(0) @binding(9) var<storage, read> k_pool4: array<vec4<u32>>;
-@group(0) @binding(10) var<storage, read> v_pool4: array<vec4<u32>>;
-
-// Words 4w .. 4w + 3 of pool row `row` of K (which == 0u) or V.
-fn kv_word4(which: u32, row: u32, w: u32) -> vec4<u32> {
-    let i = kv_row_base(which, row) / 4u + w;
-    if which == 0u {
-        return k_pool4[i];
-    }
-    return v_pool4[i];
-}
+// kv_word4 (the pools as vec4<u32>) is paged_io.wgsl's; kv_quad_of (a column of four words) is
+// kv_chunk.wgsl's, through the kv_half2 written out below.
 
 // @unroll half2: two f16 values of a word, element 2i in the low half (unpack2x16float where the
 // adapter has it; exact either way: every f16 is an f32).
-
-// Column i of the four words `wv` of a row of `dtype`, as kv_load4_codes gives it (int4 with its
-// group's (scale, min) `sm`; the four words are one whole int4 group).
-fn kv_quad_of(dtype: u32, wv: vec4<u32>, i: u32, sm: vec2<f32>) -> vec4<f32> {
-    switch dtype {
-        case KV_F32: {
-            return bitcast<vec4<f32>>(wv);
-        }
-        case KV_F16: {
-            return vec4<f32>(kv_half2(wv[2u * i]), kv_half2(wv[2u * i + 1u]));
-        }
-        case KV_BF16: {
-            return vec4<f32>(kv_unpack_bf16x2(wv[2u * i]), kv_unpack_bf16x2(wv[2u * i + 1u]));
-        }
-        case KV_FP8_E4M3: {
-            let b = kv_bytes(wv[i]);
-            return vec4<f32>(kv_fp8_e4m3(b.x), kv_fp8_e4m3(b.y), kv_fp8_e4m3(b.z), kv_fp8_e4m3(b.w));
-        }
-        case KV_FP8_E5M2: {
-            let b = kv_bytes(wv[i]);
-            return vec4<f32>(kv_fp8_e5m2(b.x), kv_fp8_e5m2(b.y), kv_fp8_e5m2(b.z), kv_fp8_e5m2(b.w));
-        }
-        case KV_INT8: {
-            let top = vec4<u32>(wv[i]) << vec4<u32>(24u, 16u, 8u, 0u);
-            return vec4<f32>(bitcast<vec4<i32>>(top) >> vec4<u32>(24u));
-        }
-        case KV_INT4: {
-            let w = wv[i / 2u] >> ((i & 1u) * 16u);
-            let q = (vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u);
-            return fma(vec4<f32>(q), vec4<f32>(sm.x), vec4<f32>(sm.y));
-        }
-        default: {
-            return vec4<f32>(0.0);
-        }
-    }
-}
 
 @compute @workgroup_size(LANE_WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

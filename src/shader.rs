@@ -28,6 +28,8 @@ const LIB_KV_STORE: &str = include_str!("../shaders/lib/kv_store.wgsl");
 const LIB_ROWS_PORTABLE: &str = include_str!("../shaders/lib/rows_portable.wgsl");
 /// The same with subgroup operations (needs `SUBGROUP`).
 const LIB_ROWS_SUBGROUP: &str = include_str!("../shaders/lib/rows_subgroup.wgsl");
+/// Decoding 16-byte chunks of K/V rows of any format (the paged attention kernels).
+const LIB_KV_CHUNK: &str = include_str!("../shaders/lib/kv_chunk.wgsl");
 /// The paged attention kernels' parameters, bindings and pool accessors.
 const LIB_PAGED_IO: &str = include_str!("../shaders/lib/paged_io.wgsl");
 /// Shared constants and online-softmax helpers.
@@ -161,9 +163,13 @@ impl Kernel {
 
     fn libs(self) -> &'static [&'static str] {
         match self {
-            Kernel::Paged | Kernel::PagedLanes => {
-                &[LIB_KV_FORMAT, LIB_KV_LOAD, LIB_SOFTMAX, LIB_PAGED_IO]
-            }
+            Kernel::Paged | Kernel::PagedLanes => &[
+                LIB_KV_FORMAT,
+                LIB_KV_LOAD,
+                LIB_KV_CHUNK,
+                LIB_SOFTMAX,
+                LIB_PAGED_IO,
+            ],
             Kernel::Merge | Kernel::MergeStates => &[LIB_SOFTMAX],
             Kernel::Dequant => &[LIB_KV_FORMAT, LIB_KV_LOAD],
             Kernel::AppendKv => &[LIB_KV_FORMAT, LIB_KV_STORE],

@@ -1,5 +1,6 @@
 // paged_io.wgsl: what the paged attention kernels (paged.wgsl, paged_lanes.wgsl) share: their
-// parameters, the plan's record layout, their bindings and the pool accessors kv_load.wgsl needs.
+// parameters, the plan's record layout, their bindings and the pool accessors kv_load.wgsl needs
+// (and the 16-byte ones, kv_word4).
 // Needs kv_load.wgsl (override K_DIM) and kv_format.wgsl.
 
 struct PagedParams {
@@ -55,6 +56,22 @@ const SEQ_WORDS: u32 = 4u;
 @group(0) @binding(6) var<storage, read_write> lse_part: array<f32>;
 @group(0) @binding(7) var<uniform> k_tensor: TensorScale;
 @group(0) @binding(8) var<uniform> v_tensor: TensorScale;
+
+// The K and V pools again (the same buffers as bindings 2 and 3), as vec4<u32>, for shapes
+// whose rows all start on a 16-byte boundary: such rows are read four words per access. Bound
+// only where a kernel reads them (the workgroup kernel always; the lanes kernel when wide).
+@group(0) @binding(9) var<storage, read> k_pool4: array<vec4<u32>>;
+@group(0) @binding(10) var<storage, read> v_pool4: array<vec4<u32>>;
+
+// Words 4w .. 4w + 3 of pool row `row` of K (which == 0u) or V; the row starts on a 16-byte
+// boundary.
+fn kv_word4(which: u32, row: u32, w: u32) -> vec4<u32> {
+    let i = kv_row_base(which, row) / 4u + w;
+    if which == 0u {
+        return k_pool4[i];
+    }
+    return v_pool4[i];
+}
 
 fn kv_word(which: u32, i: u32) -> u32 {
     if which == 0u {

@@ -1,61 +1,56 @@
-// rows_subgroup.wgsl: the paged kernel's per-row reductions with subgroup operations (needs
-// SUBGROUP): each subgroup reduces its share of a row's WG scores at once, and one invocation per
-// row combines the subgroups' partials. Same functions as rows_portable.wgsl, and the entry point
-// passing the subgroup builtins.
+// rows_subgroup.wgsl: the paged kernel's sums of a key's partial dot products over the
+// KEY_LANES lanes of a group with subgroup shuffles (needs SUBGROUP), and the entry point. The
+// same butterfly as rows_portable.wgsl (at step o = KEY_LANES / 2, ..., 1, lane i takes
+// x_i + x_(i xor o)), so the bits agree; no barrier, and no subgroupAdd (whose order is the
+// implementation's).
+//
+// The host takes this path only where a subgroup holds whole lane groups packed in
+// invocation order (subgroups of at least KEY_LANES invocations, invocation i at lane
+// i % subgroup size; never on DX12, which does not promise that packing). The entry point
+// checks the packing anyway: an invocation that finds otherwise poisons its rows (NaN), rather
+// than giving a wrong answer silently.
 
-// Subgroups per workgroup at most: WG over the smallest subgroup size wgpu allows (4).
-const MAX_SUBGROUPS: u32 = 16u;
+var<private> lanes_packed: bool;
+// Nonzero once an invocation of the workgroup found the packing broken.
+var<workgroup> lanes_unpacked: atomic<u32>;
 
-var<workgroup> sg_part: array<f32, MAX_TILE * MAX_SUBGROUPS>;
-var<private> sg_id: u32;
-var<private> sg_count: u32;
-var<private> sg_lane: u32;
-
-fn rows_update_max(tid: u32, n_rows: u32) {
-    for (var t = 0u; t < n_rows; t++) {
-        let m = subgroupMax(scores[t * WG + tid]);
-        if sg_lane == 0u {
-            sg_part[t * MAX_SUBGROUPS + sg_id] = m;
+fn lanes_sum_rows(d: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
+    var out: array<f32, MAX_TILE>;
+    for (var r = 0u; r < (TILE + 3u) / 4u; r++) {
+        let t = 4u * r;
+        var x = vec4<f32>(d[t], d[t + 1u], d[t + 2u], d[t + 3u]);
+        for (var o = KEY_LANES / 2u; o > 0u; o /= 2u) {
+            x = x + subgroupShuffleXor(x, o);
+        }
+        out[t] = x.x;
+        out[t + 1u] = x.y;
+        out[t + 2u] = x.z;
+        out[t + 3u] = x.w;
+    }
+    if !lanes_packed {
+        let nan = bitcast<f32>(NAN_BITS);
+        for (var t = 0u; t < MAX_TILE; t++) {
+            out[t] = nan;
         }
     }
-    workgroupBarrier();
-    if tid < n_rows {
-        var m = row_max[tid];
-        for (var g = 0u; g < sg_count; g++) {
-            m = max(m, sg_part[tid * MAX_SUBGROUPS + g]);
-        }
-        row_alpha[tid] = exp(row_max[tid] - m);
-        row_max[tid] = m;
-    }
-}
-
-fn rows_update_sum(tid: u32, n_rows: u32) {
-    for (var t = 0u; t < n_rows; t++) {
-        let l = subgroupAdd(scores[t * WG + tid]);
-        if sg_lane == 0u {
-            sg_part[t * MAX_SUBGROUPS + sg_id] = l;
-        }
-    }
-    workgroupBarrier();
-    if tid < n_rows {
-        var l = 0.0;
-        for (var g = 0u; g < sg_count; g++) {
-            l += sg_part[tid * MAX_SUBGROUPS + g];
-        }
-        row_sum[tid] = row_sum[tid] * row_alpha[tid] + l;
-    }
+    return out;
 }
 
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) tid: u32,
-    @builtin(subgroup_id) group: u32,
-    @builtin(num_subgroups) groups: u32,
     @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) size: u32,
 ) {
-    sg_id = group;
-    sg_count = groups;
-    sg_lane = lane;
+    if tid == 0u {
+        atomicStore(&lanes_unpacked, 0u);
+    }
+    workgroupBarrier();
+    if size < KEY_LANES || lane != tid % size {
+        atomicOr(&lanes_unpacked, 1u);
+    }
+    workgroupBarrier();
+    lanes_packed = atomicLoad(&lanes_unpacked) == 0u;
     attend(wid, tid);
 }

@@ -4,7 +4,6 @@
 //! paged attention plan records the merge (see `PagedAttentionPlan::encode`).
 
 use super::AttentionShape;
-use crate::shader::Precision;
 
 crate::wgsl_struct! {
     /// Mirror of the WGSL `MergeParams` uniform.
@@ -51,7 +50,7 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
                 head_dim_qk: dk,
                 head_dim_v: dv,
             };
-            constants(&shape, super::paged::tile_rows(&shape, Precision::F32))
+            constants(&shape, (hq / hkv).clamp(1, 16))
         })
         .collect()
 }

@@ -10,7 +10,7 @@
 //! merge kernel combines a row's partials in key order and adds the sinks once.
 //!
 //! Two kernels run the same plan and write the same partial states: `paged.wgsl` (a workgroup
-//! per work item and KV head, for GPUs) and `paged_lanes.wgsl` (an invocation per work item and
+//! per work item and KV head, for GPUs, laid out by [`WorkgroupLayout`]) and `paged_lanes.wgsl` (an invocation per work item and
 //! KV head, for CPU-backed adapters, written out per shape by [`super::paged_lanes`]). The
 //! context's [`AttentionKernel`](crate::gpu::AttentionKernel) chooses; head dims past the lanes kernel's 256 take the
 //! workgroup kernel.
@@ -39,21 +39,227 @@ use crate::{Error, Result};
 
 /// Keys per split-K split. Fixed, so a row's reduction order never depends on the batch.
 pub const SPLIT_TOKENS: usize = 512;
-/// Invocations per workgroup.
-const WG: u32 = 64;
 /// Invocations per workgroup of the lanes kernel (one SIMD group of a CPU adapter: 256-bit
 /// vectors of f32).
 pub(super) const LANE_WG: u32 = 8;
 /// Largest tile of rows (the WGSL `MAX_TILE`).
 const MAX_TILE: usize = 16;
-/// Output vec4s each invocation accumulates (the WGSL `MAX_ACC`).
-const MAX_ACC: usize = 8;
-/// Workgroup memory the query tile may take, in bytes.
-const Q_TILE_BYTES: usize = 8192;
+/// Query and accumulator vec4s one invocation of the workgroup kernel holds at most (the WGSL
+/// `MAX_QREG` and `MAX_AREG`).
+const MAX_QREG: usize = 32;
+const MAX_AREG: usize = 32;
+/// Most lanes sharing a key row.
+const MAX_KEY_LANES: u32 = 32;
+/// Invocations per workgroup the workgroup kernel asks for at most.
+const MAX_WG: u32 = 256;
 /// Words of one work item, one sequence record and one merge tile in the metadata buffer.
 pub(super) const ITEM_WORDS: usize = 8;
 pub(super) const SEQ_WORDS: usize = 4;
 pub(super) const TILE_WORDS: usize = 5;
+
+/// What the workgroup kernel's layout depends on besides the shape: the device's subgroups and
+/// limits, and an optional forced lane count ([`crate::gpu::ContextOptions::key_lanes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceFit {
+    /// Subgroup shuffles may be used (`SUBGROUP`, and not DX12, whose packing of invocations
+    /// into subgroups is not promised).
+    pub shuffles: bool,
+    /// Smallest subgroup size of the adapter.
+    pub subgroup_min_size: u32,
+    /// Invocations per workgroup the device allows.
+    pub max_invocations: u32,
+    /// Workgroup memory per workgroup, in bytes.
+    pub workgroup_storage: u32,
+    /// Lanes per key forced by the caller (a power of two, 1 to 32).
+    pub key_lanes: Option<u32>,
+}
+
+impl DeviceFit {
+    /// WebGPU's default limits, no subgroups: what every adapter offers.
+    pub const BASELINE: DeviceFit = DeviceFit {
+        shuffles: false,
+        subgroup_min_size: 0,
+        max_invocations: 256,
+        workgroup_storage: 16384,
+        key_lanes: None,
+    };
+
+    /// The fit of `ctx`'s device.
+    pub fn of(ctx: &Context) -> DeviceFit {
+        let caps = ctx.caps();
+        DeviceFit {
+            shuffles: caps.subgroups && ctx.adapter().backend != "dx12",
+            subgroup_min_size: caps.subgroup_min_size,
+            max_invocations: caps.max_compute_invocations_per_workgroup,
+            workgroup_storage: caps.max_compute_workgroup_storage_size,
+            key_lanes: caps.key_lanes,
+        }
+    }
+}
+
+/// How the workgroup kernel (`paged.wgsl`) is laid out for one geometry on one device: lanes
+/// per key row, invocations, 16-byte chunks of each row, the largest tile of rows. Depends on
+/// the shape, the storage formats and the device alone, never on the batch, so the partition
+/// of a row's keys over the lane groups is the same in every plan (decode or prefill).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkgroupLayout {
+    /// Invocations per workgroup.
+    pub wg: u32,
+    /// Lanes sharing one key row.
+    pub key_lanes: u32,
+    /// The lane groups sum with subgroup shuffles (else through workgroup memory).
+    pub subgroups: bool,
+    /// Rows are read as `vec4<u32>`.
+    pub wide: bool,
+    /// 16-byte chunks of a K row, a value row and an MLA RoPE key.
+    pub chunks: [u32; 3],
+    /// vec4 columns per chunk of each.
+    pub columns: [u32; 3],
+    /// The largest tile of rows the registers and workgroup memory take.
+    pub full_tile: usize,
+}
+
+impl WorkgroupLayout {
+    /// The layout for `shape` over `geometry` on a device of `fit`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a forced lane count that is not a power of two from 1 to
+    /// 32 or whose rows do not fit one invocation's registers; [`Error::TooLarge`] when even a
+    /// tile of one row needs more workgroup memory than the device has.
+    pub(crate) fn new(
+        shape: &AttentionShape,
+        geometry: &KvGeometry,
+        fit: &DeviceFit,
+    ) -> Result<Self> {
+        let (k, v) = (&geometry.k, &geometry.v);
+        let value = if geometry.mla { k } else { v };
+        let chunks = [
+            k.words_per_row().div_ceil(4) as u32,
+            value.words_per_row().div_ceil(4) as u32,
+            if geometry.mla {
+                v.words_per_row().div_ceil(4) as u32
+            } else {
+                0
+            },
+        ];
+        let columns = [
+            u32::from(columns_per_word4(k.dtype)),
+            u32::from(columns_per_word4(value.dtype)),
+            u32::from(columns_per_word4(v.dtype)),
+        ];
+        let regs = |lanes: u32| {
+            let per = |i: usize| (chunks[i].div_ceil(lanes) * columns[i]) as usize;
+            (per(0) + per(2), per(1))
+        };
+        let fits = |lanes: u32| {
+            let (q, a) = regs(lanes);
+            q <= MAX_QREG && a <= MAX_AREG
+        };
+        let natural = chunks[0]
+            .max(chunks[1])
+            .max(1)
+            .next_power_of_two()
+            .min(MAX_KEY_LANES);
+        let sg = fit.subgroup_min_size;
+        let (key_lanes, subgroups) = match fit.key_lanes {
+            Some(l) => {
+                if !l.is_power_of_two() || l > MAX_KEY_LANES {
+                    return Err(Error::InvalidArgument(format!(
+                        "key_lanes {l}: a power of two from 1 to {MAX_KEY_LANES}"
+                    )));
+                }
+                if !fits(l) {
+                    return Err(Error::InvalidArgument(format!(
+                        "key_lanes {l}: a row of {shape:?} does not fit one invocation's \
+                         registers with so few lanes"
+                    )));
+                }
+                (l, fit.shuffles && l <= sg)
+            }
+            // Shuffles where a subgroup holds a whole lane group; fewer lanes (more chunks
+            // each) rather than the portable path, as long as the registers take it.
+            None if fit.shuffles && sg >= natural => (natural, true),
+            None if fit.shuffles && sg >= 4 && sg.is_power_of_two() && fits(sg) => (sg, true),
+            None => (natural, false),
+        };
+        let (q, a) = regs(key_lanes);
+        let by_regs = (MAX_QREG / q.max(1)).min(MAX_AREG / a.max(1));
+        let wide = super::paged::rows_aligned(k, v);
+        let dv4 = shape.head_dim_v.div_ceil(4);
+        // Workgroup memory of a tile of `t` rows with `wg` invocations (paged.wgsl's arrays).
+        let bytes = |wg: u32, t: usize| {
+            let groups = (wg / key_lanes) as usize;
+            let mut b = t * dv4 * 16 + 3 * groups * t * 4;
+            if !subgroups {
+                b += 2 * wg as usize * t.div_ceil(4) * 16;
+            } else {
+                b += 4;
+            }
+            b
+        };
+        let limit = fit.workgroup_storage as usize;
+        let mut wg = MAX_WG.min(fit.max_invocations.max(1));
+        wg = 1 << (31 - wg.leading_zeros());
+        if !subgroups {
+            // The portable sums pay a barrier per step: fewer, wider steps do not help them.
+            wg = wg.min(128);
+        }
+        wg = wg.max(key_lanes);
+        loop {
+            let tile = (1..=MAX_TILE.min(by_regs).max(1))
+                .rev()
+                .find(|&t| bytes(wg, t) <= limit);
+            if let Some(full_tile) = tile {
+                return Ok(Self {
+                    wg,
+                    key_lanes,
+                    subgroups,
+                    wide,
+                    chunks,
+                    columns,
+                    full_tile,
+                });
+            }
+            if wg <= key_lanes {
+                return Err(Error::TooLarge {
+                    what: format!("workgroup memory of attention over {shape:?}"),
+                    bytes: bytes(wg, 1) as u64,
+                    limit: u64::from(fit.workgroup_storage),
+                });
+            }
+            wg /= 2;
+        }
+    }
+
+    /// Names of the override constants of a layout.
+    const LAYOUT_NAMES: [&'static str; 9] = [
+        "WG",
+        "KEY_LANES",
+        "WIDE",
+        "K_CH",
+        "V_CH",
+        "R_CH",
+        "QK",
+        "QV",
+        "QR",
+    ];
+
+    /// The override constants of this layout (beside the shape's and formats'), named as
+    /// [`Self::LAYOUT_NAMES`].
+    fn constants(&self) -> [(&'static str, f64); 9] {
+        [
+            ("WG", f64::from(self.wg)),
+            ("KEY_LANES", f64::from(self.key_lanes)),
+            ("WIDE", f64::from(u8::from(self.wide))),
+            ("K_CH", f64::from(self.chunks[0])),
+            ("V_CH", f64::from(self.chunks[1])),
+            ("R_CH", f64::from(self.chunks[2])),
+            ("QK", f64::from(self.columns[0])),
+            ("QV", f64::from(self.columns[1])),
+            ("QR", f64::from(self.columns[2])),
+        ]
+    }
+}
 
 crate::wgsl_struct! {
     /// Mirror of the WGSL `PagedParams` uniform.
@@ -93,33 +299,18 @@ crate::wgsl_struct! {
     }
 }
 
-/// Rows per tile for `shape` in `precision`: as many as fit the query-tile memory budget and the
-/// invocations' accumulators, at most 16. Depends on the shape alone.
-pub fn tile_rows(shape: &AttentionShape, precision: Precision) -> usize {
-    let bytes = match precision {
-        Precision::F32 => 4,
-        Precision::F16 => 2,
-    };
-    let by_memory = Q_TILE_BYTES / (shape.head_dim_qk * bytes);
-    // The kernel's accumulator layout: columns (vec4) per invocation and lanes per column.
-    let dv4 = shape.head_dim_v / 4;
-    let cols = dv4.div_ceil(WG as usize);
-    let lanes = (WG as usize / dv4).max(1);
-    let by_acc = lanes * (MAX_ACC / cols);
-    MAX_TILE.min(by_memory).min(by_acc).max(1)
-}
-
-/// Override constants of the attention kernel with tiles of `tile` rows over pools of layouts `k`
-/// and `v` (for MLA, `latent` and the RoPE keys: see [`KvGeometry::mla`]).
+/// Override constants of the attention kernels with tiles of `tile` rows over pools of layouts
+/// `k` and `v` (for MLA, `latent` and the RoPE keys: see [`KvGeometry::mla`]); the workgroup
+/// kernel's also carry its `layout`.
 pub(crate) fn constants(
     shape: &AttentionShape,
     tile: usize,
     k: &PoolLayout,
     v: &PoolLayout,
     mla: bool,
+    layout: Option<&WorkgroupLayout>,
 ) -> Vec<(&'static str, f64)> {
-    vec![
-        ("WG", f64::from(WG)),
+    let mut set = vec![
         ("GROUP", shape.group() as f64),
         ("TILE", tile as f64),
         ("K_DIM", k.head_dim as f64),
@@ -137,11 +328,15 @@ pub(crate) fn constants(
             f64::from(u8::from(v.per_tensor_scale())),
         ),
         ("KV_BLOCK_ROWS", k.block_rows() as f64),
-    ]
+    ];
+    if let Some(layout) = layout {
+        set.extend(layout.constants());
+    }
+    set
 }
 
 /// Override constants the naga tests validate: small and large heads, MHA, GQA, MQA, d_v != d_qk.
-pub fn representative_constants(precision: Precision) -> Vec<Vec<(&'static str, f64)>> {
+pub fn representative_constants(_precision: Precision) -> Vec<Vec<(&'static str, f64)>> {
     let shapes = [
         (1, 1, 64, 64),
         (32, 8, 128, 128),
@@ -180,13 +375,12 @@ pub fn representative_constants(precision: Precision) -> Vec<Vec<(&'static str, 
                     crate::quant::ScaleMode::PerRow
                 },
             };
-            let tile = tile_rows(&shape, precision);
-            sets.push(constants(
+            sets.push(workgroup_set(
                 &shape,
-                tile,
-                &layout(k, dk),
-                &layout(v, dv),
+                layout(k, dk),
+                layout(v, dv),
                 false,
+                j,
             ));
         }
     }
@@ -220,15 +414,39 @@ pub fn representative_constants(precision: Precision) -> Vec<Vec<(&'static str, 
             scale: crate::quant::ScaleMode::PerRow,
             ..k
         };
-        sets.push(constants(
-            &shape,
-            tile_rows(&shape, precision),
-            &k,
-            &v,
-            true,
-        ));
+        sets.push(workgroup_set(&shape, k, v, true, sets.len()));
     }
     sets
+}
+
+/// The constants of the workgroup kernel for `shape` over pools `k` and `v` as a device would
+/// plan them within WebGPU's baseline limits (the portable sums' memory included, as the naga
+/// tests check every variant with every set): lanes chosen for even `i`, 8 forced for odd `i`.
+fn workgroup_set(
+    shape: &AttentionShape,
+    k: PoolLayout,
+    v: PoolLayout,
+    mla: bool,
+    i: usize,
+) -> Vec<(&'static str, f64)> {
+    let fit = if i % 2 == 0 {
+        DeviceFit::BASELINE
+    } else {
+        DeviceFit {
+            key_lanes: Some(8),
+            ..DeviceFit::BASELINE
+        }
+    };
+    let geometry = KvGeometry {
+        k,
+        v,
+        blocks_per_buffer: 1,
+        num_buffers: 1,
+        mla,
+    };
+    let layout = WorkgroupLayout::new(shape, &geometry, &fit)
+        .expect("the representative shapes fit the baseline limits");
+    constants(shape, layout.full_tile, &k, &v, mla, Some(&layout))
 }
 
 /// Shapes and override constants the naga tests validate for the lanes kernel: the workgroup
@@ -292,18 +510,23 @@ pub fn lanes_constants_for(
         .map(|(_, set)| set)
 }
 
-/// The lanes kernel's constants from the workgroup kernel's: its own workgroup size and tile.
+/// The lanes kernel's constants from the workgroup kernel's: its own workgroup size and tile,
+/// none of the workgroup kernel's layout.
 pub(super) fn lanes_constants(
     set: Vec<(&'static str, f64)>,
     tile: usize,
 ) -> Vec<(&'static str, f64)> {
-    set.into_iter()
+    let layout = WorkgroupLayout::LAYOUT_NAMES;
+    let mut out: Vec<_> = set
+        .into_iter()
+        .filter(|(name, _)| !layout.contains(name))
         .map(|(name, value)| match name {
-            "WG" => ("LANE_WG", f64::from(LANE_WG)),
             "TILE" => ("TILE", tile as f64),
             _ => (name, value),
         })
-        .collect()
+        .collect();
+    out.push(("LANE_WG", f64::from(LANE_WG)));
+    out
 }
 
 /// Rows per tile of the lanes kernel: at most 8, and at most 512 query or output values per
@@ -417,4 +640,170 @@ pub fn paged_attention_host(
         out: ctx.read_back(&out, rows * s.head_dim_v)?,
         lse: ctx.read_back(&lse, rows)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry(dtype: KvDtype, head_dim: usize, mla_rope: Option<usize>) -> KvGeometry {
+        let k = PoolLayout {
+            num_kv_heads: 2,
+            head_dim,
+            dtype,
+            block_size: 16,
+            scale: crate::quant::ScaleMode::PerRow,
+        };
+        let v = PoolLayout {
+            head_dim: mla_rope.unwrap_or(head_dim),
+            dtype: if mla_rope.is_some() {
+                KvDtype::Bf16
+            } else {
+                dtype
+            },
+            ..k
+        };
+        KvGeometry {
+            k,
+            v,
+            blocks_per_buffer: 64,
+            num_buffers: 1,
+            mla: mla_rope.is_some(),
+        }
+    }
+
+    fn shape(hq: usize, d_qk: usize, d_v: usize) -> AttentionShape {
+        AttentionShape {
+            num_q_heads: hq,
+            num_kv_heads: 2,
+            head_dim_qk: d_qk,
+            head_dim_v: d_v,
+        }
+    }
+
+    #[test]
+    fn layouts_fit_the_device_and_the_row() {
+        let gpu = DeviceFit {
+            shuffles: true,
+            subgroup_min_size: 32,
+            max_invocations: 1024,
+            workgroup_storage: 49152,
+            key_lanes: None,
+        };
+        // f16 rows of 128 values are 16 chunks: 16 lanes share a row, 256 invocations.
+        let l = WorkgroupLayout::new(
+            &shape(8, 128, 128),
+            &geometry(KvDtype::F16, 128, None),
+            &gpu,
+        )
+        .unwrap();
+        assert_eq!((l.key_lanes, l.wg, l.subgroups), (16, 256, true));
+        assert_eq!(l.chunks, [16, 16, 0]);
+        assert_eq!(l.full_tile, 16);
+        // int8 rows of 128 are 8 chunks; MLA's fp8 latent (32 chunks) with its bf16 RoPE key.
+        let l = WorkgroupLayout::new(
+            &shape(8, 128, 128),
+            &geometry(KvDtype::Int8, 128, None),
+            &gpu,
+        )
+        .unwrap();
+        assert_eq!(l.key_lanes, 8);
+        let l = WorkgroupLayout::new(
+            &shape(16, 576, 512),
+            &geometry(KvDtype::Fp8E4M3, 512, Some(64)),
+            &gpu,
+        )
+        .unwrap();
+        assert_eq!(
+            (l.key_lanes, l.chunks, l.columns),
+            (32, [32, 32, 8], [4, 4, 2])
+        );
+        // Subgroups of 8 (lavapipe): 8 lanes with two chunks each, not the portable sums.
+        let sg8 = DeviceFit {
+            subgroup_min_size: 8,
+            ..gpu
+        };
+        let l = WorkgroupLayout::new(
+            &shape(8, 128, 128),
+            &geometry(KvDtype::F16, 128, None),
+            &sg8,
+        )
+        .unwrap();
+        assert_eq!((l.key_lanes, l.subgroups), (8, true));
+        // No subgroups (DX12, GL): the portable sums, at most 128 invocations.
+        let l = WorkgroupLayout::new(
+            &shape(8, 128, 128),
+            &geometry(KvDtype::F16, 128, None),
+            &DeviceFit::BASELINE,
+        )
+        .unwrap();
+        assert_eq!((l.key_lanes, l.subgroups, l.wg), (16, false, 128));
+    }
+
+    #[test]
+    fn layouts_respect_workgroup_memory_and_invocations() {
+        for storage in [8192, 16384, 32768] {
+            for invocations in [64, 128, 256] {
+                let fit = DeviceFit {
+                    max_invocations: invocations,
+                    workgroup_storage: storage,
+                    ..DeviceFit::BASELINE
+                };
+                for (dtype, d) in [
+                    (KvDtype::F32, 1024),
+                    (KvDtype::F16, 256),
+                    (KvDtype::Int4, 64),
+                ] {
+                    let s = shape(16, d, d);
+                    let l = WorkgroupLayout::new(&s, &geometry(dtype, d, None), &fit).unwrap();
+                    assert!(l.wg <= invocations && l.wg % l.key_lanes == 0);
+                    let groups = (l.wg / l.key_lanes) as usize;
+                    let t = l.full_tile;
+                    let bytes = t * d / 4 * 16
+                        + 3 * groups * t * 4
+                        + 2 * l.wg as usize * t.div_ceil(4) * 16;
+                    assert!(
+                        bytes <= storage as usize,
+                        "{dtype} d{d}: {bytes} > {storage}"
+                    );
+                }
+            }
+        }
+        let tiny = DeviceFit {
+            workgroup_storage: 256,
+            ..DeviceFit::BASELINE
+        };
+        assert!(matches!(
+            WorkgroupLayout::new(
+                &shape(1, 1024, 1024),
+                &geometry(KvDtype::F32, 1024, None),
+                &tiny
+            ),
+            Err(Error::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn forced_lane_counts_are_checked() {
+        let g = geometry(KvDtype::F32, 1024, None);
+        for bad in [0, 3, 64] {
+            let fit = DeviceFit {
+                key_lanes: Some(bad),
+                ..DeviceFit::BASELINE
+            };
+            assert!(WorkgroupLayout::new(&shape(2, 1024, 1024), &g, &fit).is_err());
+        }
+        // One lane cannot hold a 1024-value f32 row in its registers.
+        let one = DeviceFit {
+            key_lanes: Some(1),
+            ..DeviceFit::BASELINE
+        };
+        assert!(matches!(
+            WorkgroupLayout::new(&shape(2, 1024, 1024), &g, &one),
+            Err(Error::InvalidArgument(_))
+        ));
+        let l = WorkgroupLayout::new(&shape(2, 64, 64), &geometry(KvDtype::F16, 64, None), &one)
+            .unwrap();
+        assert_eq!((l.key_lanes, l.subgroups), (1, false));
+    }
 }

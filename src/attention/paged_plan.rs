@@ -10,8 +10,8 @@ use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::paged::{
-    constants, lanes_constants, lanes_fit, lanes_tile, rows_aligned, tile_rows, KvGeometry,
-    PagedAttentionArgs, PagedParams, PagedQuery, SeqSpec, LANE_WG, SPLIT_TOKENS,
+    constants, lanes_constants, lanes_fit, lanes_tile, rows_aligned, DeviceFit, KvGeometry,
+    PagedAttentionArgs, PagedParams, PagedQuery, SeqSpec, WorkgroupLayout, LANE_WG, SPLIT_TOKENS,
 };
 use super::paged_plan_step::{items_per_dispatch, Fixed, Step, StepDispatch, WorkspaceSize};
 use super::{AttentionOptions, AttentionShape};
@@ -123,8 +123,6 @@ pub struct PagedAttentionPlan {
     precision: Precision,
     /// The device converts f16 in shaders (`SHADER_F16_IN_F32`).
     f16_in_f32: bool,
-    /// Subgroup reductions, chosen at plan time when the device has `SUBGROUP`.
-    subgroups: bool,
     capacity: PlanCapacity,
     size: WorkspaceSize,
     /// The first K pool buffer of layer 0 of the cache the plan was made for (none for plans
@@ -352,10 +350,13 @@ impl PagedAttentionPlan {
             AttentionKernel::Lanes if lanes_fit(&shape, geometry) => AttentionKernel::Lanes,
             _ => AttentionKernel::Workgroup,
         };
-        let full_tile = match kernel {
-            AttentionKernel::Workgroup => tile_rows(&shape, spec.precision),
-            AttentionKernel::Lanes => lanes_tile(&shape),
+        let layout = match kernel {
+            AttentionKernel::Workgroup => {
+                Some(WorkgroupLayout::new(&shape, geometry, &DeviceFit::of(ctx))?)
+            }
+            AttentionKernel::Lanes => None,
         };
+        let full_tile = layout.map_or_else(|| lanes_tile(&shape), |l| l.full_tile);
         let max_rows = max_len_q.saturating_mul(shape.group());
         let tile = full_tile.min(max_rows).max(1);
         let max_x = ctx.caps().max_compute_workgroups_per_dimension as usize;
@@ -365,6 +366,7 @@ impl PagedAttentionPlan {
             split_tokens: spec.split_tokens,
             tile,
             kernel,
+            layout,
             geometry: *geometry,
             per_dispatch: items_per_dispatch(kernel, max_x, shape.num_kv_heads),
             max_x,
@@ -413,7 +415,6 @@ impl PagedAttentionPlan {
         Ok(Self {
             precision,
             f16_in_f32: ctx.caps().f16_in_f32,
-            subgroups: ctx.caps().subgroups,
             capacity,
             size,
             cache_id,
@@ -570,6 +571,12 @@ impl PagedAttentionPlan {
         self.fixed.kernel
     }
 
+    /// The workgroup kernel's layout (lanes per key, invocations, chunks, tile), or `None`
+    /// when the plan runs the lanes kernel.
+    pub fn workgroup_layout(&self) -> Option<super::paged::WorkgroupLayout> {
+        self.fixed.layout
+    }
+
     /// Work items (partial states per KV head) the plan cut for the current batch.
     pub fn num_items(&self) -> usize {
         self.step.num_items
@@ -593,21 +600,23 @@ impl PagedAttentionPlan {
         } else {
             self.precision
         };
-        let attention = || {
+        let attention = |layout| {
             constants(
                 &f.shape,
                 f.tile,
                 &f.geometry.k,
                 &f.geometry.v,
                 f.geometry.mla,
+                layout,
             )
         };
         let constants = match kernel {
             Kernel::Merge => crate::attention::merge::constants(&f.shape, f.tile),
-            Kernel::PagedLanes => lanes_constants(attention(), f.tile),
-            _ => attention(),
+            Kernel::PagedLanes => lanes_constants(attention(None), f.tile),
+            _ => attention(f.layout.as_ref()),
         };
-        let subgroups = self.subgroups && kernel.has_subgroup_variant();
+        let subgroups =
+            kernel.has_subgroup_variant() && f.layout.is_some_and(|layout| layout.subgroups);
         let variant = match kernel {
             Kernel::PagedLanes => ShaderVariant::lanes(precision, self.lanes_shape()),
             _ => ShaderVariant {
@@ -721,7 +730,9 @@ impl PagedAttentionPlan {
             AttentionKernel::Lanes => (Kernel::PagedLanes, true),
         };
         let pipeline = ctx.pipeline(&self.pipeline_key(kernel))?;
-        let wide = lanes && self.lanes_shape().wide;
+        // The vec4 views of the pools: the workgroup kernel always binds them, the lanes kernel
+        // where its rows are read wide.
+        let wide = !lanes || self.lanes_shape().wide;
         let whole = |b: &wgpu::Buffer| Bound {
             buffer: b.clone(),
             offset: 0,
@@ -763,7 +774,7 @@ impl PagedAttentionPlan {
                         sv.buffer.as_entire_binding(),
                     ];
                     if wide {
-                        // The lanes kernel's vec4 views of the same pools.
+                        // The vec4 views of the same pools.
                         resources
                             .extend([k.buffer.as_entire_binding(), v.buffer.as_entire_binding()]);
                     }

@@ -17,6 +17,8 @@ pub(crate) struct Fixed {
     /// Rows per tile (the WGSL `TILE`).
     pub tile: usize,
     pub kernel: AttentionKernel,
+    /// The workgroup kernel's layout (None for the lanes kernel).
+    pub layout: Option<super::paged::WorkgroupLayout>,
     pub geometry: KvGeometry,
     /// Items one dispatch takes at most.
     pub per_dispatch: usize,

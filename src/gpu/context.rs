@@ -30,6 +30,10 @@ pub struct ContextOptions {
     /// `lanes`), else [`AttentionKernel::Lanes`] on CPU-backed adapters and
     /// [`AttentionKernel::Workgroup`] on GPUs.
     pub attention_kernel: Option<AttentionKernel>,
+    /// Lanes of the workgroup attention kernel that share one key row (a power of two from 1
+    /// to 32); `None` lets each plan choose from the row size and the subgroup size. A tuning
+    /// and testing knob: results are bitwise reproducible only for one lane count.
+    pub key_lanes: Option<u32>,
 }
 
 /// The two implementations of paged attention: the same plan, partial states and merge, and
@@ -38,8 +42,9 @@ pub struct ContextOptions {
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum AttentionKernel {
-    /// `paged.wgsl`: a workgroup per (work item, KV head); the tile's queries in workgroup
-    /// memory, one key per invocation, values spread over the invocations. For GPUs.
+    /// `paged.wgsl`: a workgroup per (work item, KV head), whose lane groups each read whole key
+    /// and value rows 16 bytes per lane, with the tile's queries in registers (see
+    /// [`WorkgroupLayout`](crate::attention::paged::WorkgroupLayout)). For GPUs.
     Workgroup,
     /// `paged_lanes.wgsl`: an invocation per (work item, KV head), everything in private
     /// memory, no barriers. For CPU-backed adapters (lavapipe, llvmpipe, WARP, SwiftShader),
@@ -134,6 +139,9 @@ pub struct Capabilities {
     pub max_compute_invocations_per_workgroup: u32,
     /// The attention kernel plans use (see [`ContextOptions::attention_kernel`]).
     pub attention_kernel: AttentionKernel,
+    /// Lanes per key row the workgroup attention kernel is forced to (see
+    /// [`ContextOptions::key_lanes`]).
+    pub key_lanes: Option<u32>,
     /// Shaders may use `unpack2x16float` and friends
     /// ([`wgpu::DownlevelFlags::SHADER_F16_IN_F32`]).
     pub f16_in_f32: bool,
@@ -466,6 +474,7 @@ impl Context {
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             attention_kernel,
+            key_lanes: opts.key_lanes,
             f16_in_f32: downlevel
                 .flags
                 .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32),

@@ -652,17 +652,12 @@ fn paged_attention_rejects_bad_input() {
 
 #[test]
 fn subgroup_and_portable_reductions_agree() {
-    // The plan picks subgroup reductions where the device has them; the portable ones must give
-    // the same results (up to summation order). On an adapter without subgroups (GL) both runs
-    // take the portable path, and must then agree bitwise.
+    // The workgroup kernel sums a key's partial dot products over its lane group with subgroup
+    // shuffles where the device has them, through workgroup memory otherwise, in the same
+    // butterfly order: with the same lanes per key the two give the same bits. Lane counts past
+    // the subgroup size (16 and 32 on lavapipe's subgroups of 8) run the portable sums only, and
+    // must match the reference.
     let ctx = gpu();
-    let portable = Context::with_options(&ContextOptions {
-        disable_subgroups: true,
-        attention_kernel: test_attention_kernel(),
-        ..Default::default()
-    })
-    .unwrap();
-    assert!(!portable.caps().subgroups);
     let shape = AttentionShape {
         num_q_heads: 8,
         num_kv_heads: 2,
@@ -671,31 +666,66 @@ fn subgroup_and_portable_reductions_agree() {
     };
     let b = HostBatch::new(shape, &[(700, 1), (97, 20), (16, 16)], 31);
     let opts = AttentionOptions::default();
-    let a = run(
-        ctx,
-        &b.cache(ctx, KvDtype::F16, 16),
-        &b,
-        &opts,
-        Precision::F32,
-    );
-    let p = run(
-        &portable,
-        &b.cache(&portable, KvDtype::F16, 16),
-        &b,
-        &opts,
-        Precision::F32,
-    );
-    let err = max_abs_err(&a.out, &p.out);
-    if ctx.caps().subgroups {
-        assert!(
-            err <= 1e-6 * output_scale(&p.out),
-            "subgroup vs portable: {err:e}"
-        );
-    } else {
-        assert_eq!(a.out, p.out);
-    }
     let want = b.reference(KvDtype::F16, &opts);
-    check("subgroups", Precision::F32, &a, &want, None);
+    let context = |disable_subgroups, key_lanes| {
+        Context::with_options(&ContextOptions {
+            disable_subgroups,
+            key_lanes: Some(key_lanes),
+            attention_kernel: test_attention_kernel(),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let shuffle_lanes = ctx.caps().subgroup_min_size.clamp(1, 8);
+    let mut lane_counts = vec![1, 2, 4, 8, 16, 32];
+    lane_counts.retain(|&l| l != shuffle_lanes);
+    lane_counts.insert(0, shuffle_lanes);
+    let mut first = None;
+    for lanes in lane_counts {
+        let portable = context(true, lanes);
+        assert!(!portable.caps().subgroups);
+        let p = run(
+            &portable,
+            &b.cache(&portable, KvDtype::F16, 16),
+            &b,
+            &opts,
+            Precision::F32,
+        );
+        check(
+            &format!("portable, {lanes} lanes"),
+            Precision::F32,
+            &p,
+            &want,
+            None,
+        );
+        if first.is_none() {
+            first = Some(p);
+        }
+    }
+    let portable = first.unwrap();
+    let sub = context(false, shuffle_lanes);
+    let a = run(
+        &sub,
+        &b.cache(&sub, KvDtype::F16, 16),
+        &b,
+        &opts,
+        Precision::F32,
+    );
+    check(
+        &format!("subgroups, {shuffle_lanes} lanes"),
+        Precision::F32,
+        &a,
+        &want,
+        None,
+    );
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&a.out),
+        bits(&portable.out),
+        "subgroup and portable sums over {shuffle_lanes} lanes differ (subgroups: {})",
+        sub.caps().subgroups
+    );
+    assert_eq!(bits(&a.lse), bits(&portable.lse));
 }
 
 #[test]
