@@ -77,15 +77,46 @@ var<workgroup> grp_l: array<f32, GROUP_ROWS>;
 var<workgroup> grp_bad: array<u32, GROUP_ROWS>;
 var<workgroup> comb: array<vec4<f32>, COMB_LEN>;
 
+// The pools, read 16 bytes at a time: K and V of the pool buffer in slot 0 and in slot 1 (a
+// pool over two buffers is bound whole, so a split's keys may lie in either; with one buffer, or
+// a dispatch per buffer, slot 1 repeats slot 0). `which` is 2 slot + (0 for K, 1 for V). The
+// host rounds every pool buffer up to 16 bytes, so every word has its vec4.
+@group(0) @binding(2) var<storage, read> k_pool4: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> v_pool4: array<vec4<u32>>;
+@group(0) @binding(9) var<storage, read> k_pool4_1: array<vec4<u32>>;
+@group(0) @binding(10) var<storage, read> v_pool4_1: array<vec4<u32>>;
+
+// Words 4i .. 4i + 3 of pool `which`.
+fn pool_vec4(which: u32, i: u32) -> vec4<u32> {
+    switch which {
+        case 0u: {
+            return k_pool4[i];
+        }
+        case 1u: {
+            return v_pool4[i];
+        }
+        case 2u: {
+            return k_pool4_1[i];
+        }
+        default: {
+            return v_pool4_1[i];
+        }
+    }
+}
+
+fn kv_word(which: u32, i: u32) -> u32 {
+    return pool_vec4(which, i >> 2u)[i & 3u];
+}
+
 fn kv_half2(w: u32) -> vec2<f32> {
     return kv_unpack_f16x2(w);
 }
 
-// Chunk ci (words 4ci .. 4ci + 3) of pool row `row` of K (which == 0u) or V, of `words` words;
-// words past the row read as 0.
+// Chunk ci (words 4ci .. 4ci + 3) of pool row `row` of pool `which`, of `words` words; words
+// past the row read as 0.
 fn pool_chunk(which: u32, row: u32, ci: u32, words: u32) -> vec4<u32> {
     if WIDE {
-        return kv_word4(which, row, ci);
+        return pool_vec4(which, kv_row_base(which, row) / 4u + ci);
     }
     let base = kv_row_base(which, row) + ci * 4u;
     var w = vec4<u32>(0u);
@@ -111,8 +142,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
     let d4 = K_DIM / 4u;
     let q4 = (K_DIM + ROPE_DIM) / 4u;
     let dv4 = OUT_DIM / 4u;
-    let vp = value_pool();
-    let v_dtype = kv_dtype_of(vp);
+    let v_dtype = kv_dtype_of(value_pool());
     let causal = (params.flags & FLAG_CAUSAL) != 0u;
     let alibi = (params.flags & FLAG_ALIBI) != 0u;
     let bs_shift = firstTrailingBit(params.block_size);
@@ -120,7 +150,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
     let lane = tid % KEY_LANES;
     let grp = tid / KEY_LANES;
     let k_words = kv_wpr(0u);
-    let v_words = kv_wpr(vp);
+    let v_words = kv_wpr(value_pool());
     let r_words = kv_wpr(1u);
     let r_at = TILE * CHK * QK;
 
@@ -172,18 +202,22 @@ fn attend(wid: vec3<u32>, tid: u32) {
         let live = j >= it.key_start && j < it.key_end;
         let jc = clamp(j, it.key_start, it.key_end - 1u);
         // Block sizes are powers of two: shifts and masks, not divisions.
-        let block = plan[it.table + (jc >> bs_shift)] - params.first_block;
+        let at = plan[it.table + (jc >> bs_shift)] - params.first_block;
+        let slot = at / params.blocks_per_buffer;
+        let block = at % params.blocks_per_buffer;
         let row = (block * params.num_kv_heads + kv_head) * params.block_size + (jc & bs_mask);
+        let kp = 2u * slot;
+        let vp = kp + value_pool();
 
         // 1. This lane's part of the key's dot product with every row.
         var d: array<f32, MAX_TILE>;
         for (var c = 0u; c < CHK; c++) {
             let ci = lane + c * KEY_LANES;
             if ci < K_CH {
-                let w = pool_chunk(0u, row, ci, k_words);
+                let w = pool_chunk(kp, row, ci, k_words);
                 var sm = vec2<f32>(0.0);
                 if K_DTYPE == KV_INT4 {
-                    sm = kv_int4_group(0u, row, ci);
+                    sm = kv_int4_group(kp, row, ci);
                 }
                 for (var p = 0u; p < QK; p++) {
                     let k = vec4<f32>(real4(kv_quad_of(K_DTYPE, w, p, sm)));
@@ -193,7 +227,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 }
             }
         }
-        let k_scale = kv_row_scale(0u, row);
+        let k_scale = kv_row_scale(kp, row);
         for (var t = 0u; t < TILE; t++) {
             d[t] *= k_scale;
         }
@@ -201,7 +235,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
         for (var c = 0u; c < CHR; c++) {
             let ci = lane + c * KEY_LANES;
             if ci < R_CH {
-                let w = pool_chunk(1u, row, ci, r_words);
+                let w = pool_chunk(kp + 1u, row, ci, r_words);
                 for (var p = 0u; p < QR; p++) {
                     let k = vec4<f32>(real4(kv_quad_of(V_DTYPE, w, p, vec2<f32>(0.0))));
                     for (var t = 0u; t < TILE; t++) {

@@ -25,8 +25,33 @@
 
 override LANE_WG: u32 = 8u;
 
-// kv_word4 (the pools as vec4<u32>) is paged_io.wgsl's; kv_quad_of (a column of four words) is
-// kv_chunk.wgsl's, through the kv_half2 written out below.
+@group(0) @binding(2) var<storage, read> k_pool: array<u32>;
+@group(0) @binding(3) var<storage, read> v_pool: array<u32>;
+// The K and V pools again (the same buffers as bindings 2 and 3), as vec4<u32>, for shapes
+// whose rows all start on a 16-byte boundary: the code written out for them reads four words
+// per access, so an adapter that loads lane by lane does a quarter of the loads (bound only
+// then: other shapes never read them).
+@group(0) @binding(9) var<storage, read> k_pool4: array<vec4<u32>>;
+@group(0) @binding(10) var<storage, read> v_pool4: array<vec4<u32>>;
+
+fn kv_word(which: u32, i: u32) -> u32 {
+    if which == 0u {
+        return k_pool[i];
+    }
+    return v_pool[i];
+}
+
+// Words 4w .. 4w + 3 of pool row `row` of K (which == 0u) or V.
+fn kv_word4(which: u32, row: u32, w: u32) -> vec4<u32> {
+    let i = kv_row_base(which, row) / 4u + w;
+    if which == 0u {
+        return k_pool4[i];
+    }
+    return v_pool4[i];
+}
+
+// kv_quad_of (a column of four words) is kv_chunk.wgsl's, through the kv_half2 written out
+// below.
 
 // @unroll half2: two f16 values of a word, element 2i in the low half (unpack2x16float where the
 // adapter has it; exact either way: every f16 is an f32).

@@ -13,7 +13,9 @@
 // per-row scales have no scale section, so row r's values start at word r * words_per_row.
 //
 // The including kernel MUST define:
-//   fn kv_word(which: u32, i: u32) -> u32   word i of the K (which == 0u) or V (1u) pool
+//   fn kv_word(which: u32, i: u32) -> u32   word i of the K (which even) or V (which odd) pool;
+//                                           the higher bits of `which` are the kernel's own
+//                                           (a pool buffer slot), the functions here read bit 0
 //   fn kv_tensor_scale(which: u32) -> f32   the per-tensor FP8 scale of K or V (called only
 //                                           when K_SCALE_PER_TENSOR / V_SCALE_PER_TENSOR)
 // and sets the overrides below.
@@ -35,15 +37,15 @@ override V_SCALE_PER_TENSOR: bool = false;
 override KV_BLOCK_ROWS: u32 = 1u;
 
 fn kv_dtype_of(which: u32) -> u32 {
-    return select(K_DTYPE, V_DTYPE, which != 0u);
+    return select(K_DTYPE, V_DTYPE, (which & 1u) != 0u);
 }
 
 fn kv_dim_of(which: u32) -> u32 {
-    return select(K_DIM, V_DIM, which != 0u);
+    return select(K_DIM, V_DIM, (which & 1u) != 0u);
 }
 
 fn kv_per_tensor_of(which: u32) -> bool {
-    return select(K_SCALE_PER_TENSOR, V_SCALE_PER_TENSOR, which != 0u);
+    return select(K_SCALE_PER_TENSOR, V_SCALE_PER_TENSOR, (which & 1u) != 0u);
 }
 
 // Value words per row of K or V.

@@ -1,13 +1,13 @@
 // paged_io.wgsl: what the paged attention kernels (paged.wgsl, paged_lanes.wgsl) share: their
-// parameters, the plan's record layout, their bindings and the pool accessors kv_load.wgsl needs
-// (and the 16-byte ones, kv_word4).
+// parameters, the plan's record layout and their bindings but the pools, which each kernel
+// declares with the accessors kv_load.wgsl needs (kv_word).
 // Needs kv_load.wgsl (override K_DIM) and kv_format.wgsl.
 
 struct PagedParams {
     num_q_heads: u32,
     num_kv_heads: u32,
     block_size: u32,
-    // First global block id held by the bound pool buffer.
+    // First global block id of the bound pool buffer (slot 0).
     first_block: u32,
     scale: f32,
     // 0 = no softcap.
@@ -23,7 +23,9 @@ struct PagedParams {
     // Work items of this dispatch: plan[list_at .. list_at + list_len] are item ids.
     list_at: u32,
     list_len: u32,
-    _pad0: u32,
+    // Blocks per pool buffer: block b (counted from first_block) is block b % blocks_per_buffer
+    // of the buffer in slot b / blocks_per_buffer.
+    blocks_per_buffer: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -46,8 +48,8 @@ const SEQ_WORDS: u32 = 4u;
 @group(0) @binding(0) var<uniform> params: PagedParams;
 // [total_q, Hq, (K_DIM + ROPE_DIM) / 4]
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_pool: array<u32>;
-@group(0) @binding(3) var<storage, read> v_pool: array<u32>;
+// Bindings 2 and 3 (and 9 and 10) are the K and V pools; each kernel declares them and defines
+// kv_word (and kv_word4) over them.
 // Work items (seq, first row, rows, key start, key end, 3 unused), sequences (first query
 // token, len_q, len_k, block table offset), ALiBi slopes (f32 bits), block tables, item lists.
 @group(0) @binding(4) var<storage, read> plan: array<u32>;
@@ -57,31 +59,8 @@ const SEQ_WORDS: u32 = 4u;
 @group(0) @binding(7) var<uniform> k_tensor: TensorScale;
 @group(0) @binding(8) var<uniform> v_tensor: TensorScale;
 
-// The K and V pools again (the same buffers as bindings 2 and 3), as vec4<u32>, for shapes
-// whose rows all start on a 16-byte boundary: such rows are read four words per access. Bound
-// only where a kernel reads them (the workgroup kernel always; the lanes kernel when wide).
-@group(0) @binding(9) var<storage, read> k_pool4: array<vec4<u32>>;
-@group(0) @binding(10) var<storage, read> v_pool4: array<vec4<u32>>;
-
-// Words 4w .. 4w + 3 of pool row `row` of K (which == 0u) or V; the row starts on a 16-byte
-// boundary.
-fn kv_word4(which: u32, row: u32, w: u32) -> vec4<u32> {
-    let i = kv_row_base(which, row) / 4u + w;
-    if which == 0u {
-        return k_pool4[i];
-    }
-    return v_pool4[i];
-}
-
-fn kv_word(which: u32, i: u32) -> u32 {
-    if which == 0u {
-        return k_pool[i];
-    }
-    return v_pool[i];
-}
-
 fn kv_tensor_scale(which: u32) -> f32 {
-    if which == 0u {
+    if (which & 1u) == 0u {
         return k_tensor.scale;
     }
     return v_tensor.scale;

@@ -30,9 +30,10 @@ pub struct DecodeArgs<'a> {
     pub precision: Precision,
     /// `[num_seqs, Hq, d_qk]` f32.
     pub q: &'a wgpu::Buffer,
-    /// K rows `[total_k, Hkv, d_qk]` packed in `k_dtype`.
+    /// K rows `[total_k, Hkv, d_qk]` packed in `k_dtype`, in a buffer of at least their bytes
+    /// rounded up to a multiple of 16 (the kernel reads 16 bytes at a time).
     pub k: &'a wgpu::Buffer,
-    /// V rows `[total_k, Hkv, d_v]` packed in `v_dtype`.
+    /// V rows `[total_k, Hkv, d_v]` packed in `v_dtype`, padded like `k`.
     pub v: &'a wgpu::Buffer,
     /// Storage format of K.
     pub k_dtype: KvDtype,
@@ -91,15 +92,16 @@ impl DecodeArgs<'_> {
         let (hq, hkv) = (shape.num_q_heads as u64, shape.num_kv_heads as u64);
         let rows = total_k * hkv;
         check_buffer("q", self.q, num_seqs * hq * shape.head_dim_qk as u64 * 4)?;
+        // The kernel reads K and V 16 bytes at a time: their bytes rounded up to 16.
         check_buffer(
             "k",
             self.k,
-            rows * self.k_dtype.words_per_row(shape.head_dim_qk) as u64 * 4,
+            (rows * self.k_dtype.words_per_row(shape.head_dim_qk) as u64 * 4).next_multiple_of(16),
         )?;
         check_buffer(
             "v",
             self.v,
-            rows * self.v_dtype.words_per_row(shape.head_dim_v) as u64 * 4,
+            (rows * self.v_dtype.words_per_row(shape.head_dim_v) as u64 * 4).next_multiple_of(16),
         )?;
         check_buffer("out", self.out, num_seqs * hq * shape.head_dim_v as u64 * 4)?;
         check_buffer("lse", self.lse, num_seqs * hq * 4)?;
@@ -152,6 +154,7 @@ pub fn encode_decode(
         v: layout(args.v_dtype, shape.head_dim_v),
         blocks_per_buffer: total_k,
         num_buffers: 1,
+        per_buffer: false,
         mla: false,
     };
     for (name, buffer) in [("k", args.k), ("v", args.v)] {
@@ -249,8 +252,13 @@ pub fn decode_batch(
     let out_len = num_seqs * shape.num_q_heads * shape.head_dim_v;
     let lse_len = num_seqs * shape.num_q_heads;
     let q = ctx.upload("q", batch.q)?;
-    let k = ctx.upload("k", &k.words)?;
-    let v = ctx.upload("v", &v.words)?;
+    // Rows padded to whole 16-byte units, as `DecodeArgs` needs.
+    let padded = |mut words: Vec<u32>| {
+        words.resize(words.len().next_multiple_of(4), 0);
+        words
+    };
+    let k = ctx.upload("k", &padded(k.words))?;
+    let v = ctx.upload("v", &padded(v.words))?;
     let out = ctx.filled("out", out_len, crate::gpu::UNWRITTEN)?;
     let lse = ctx.filled("lse", lse_len, crate::gpu::UNWRITTEN)?;
     decode(

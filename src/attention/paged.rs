@@ -50,6 +50,10 @@ const MAX_QREG: usize = 32;
 const MAX_AREG: usize = 32;
 /// Most lanes sharing a key row.
 const MAX_KEY_LANES: u32 = 32;
+/// Pool buffers (K and V each) one dispatch of the workgroup kernel binds: a pool over at most
+/// this many is read whole by every dispatch, so splits never depend on which buffer holds a
+/// block.
+pub const BOUND_POOL_BUFFERS: usize = 2;
 /// Invocations per workgroup the workgroup kernel asks for at most.
 const MAX_WG: u32 = 256;
 /// Words of one work item, one sequence record and one merge tile in the metadata buffer.
@@ -290,8 +294,8 @@ crate::wgsl_struct! {
         pub list_at: u32,
         /// Items in this dispatch.
         pub list_len: u32,
-        /// Padding.
-        pub _pad0: u32,
+        /// Blocks per pool buffer (the slot of a bound block is its index over this).
+        pub blocks_per_buffer: u32,
         /// Padding.
         pub _pad1: u32,
         /// Padding.
@@ -442,6 +446,7 @@ fn workgroup_set(
         v,
         blocks_per_buffer: 1,
         num_buffers: 1,
+        per_buffer: false,
         mla,
     };
     let layout = WorkgroupLayout::new(shape, &geometry, &fit)
@@ -606,6 +611,9 @@ pub(crate) struct KvGeometry {
     /// Blocks per pool buffer (the same for K and V).
     pub blocks_per_buffer: usize,
     pub num_buffers: usize,
+    /// The caller dispatches buffer by buffer (MLA's up-projection expands one pool buffer at a
+    /// time), so items are cut where a sequence's blocks change buffer whatever the kernel.
+    pub per_buffer: bool,
     /// MLA's latent cache: the K pool holds the latent `c_kv`, the V pool the RoPE keys `k_pe`;
     /// a key is `[c_kv ; k_pe]` and a value is `c_kv` (query dims `rank + d_rope`, output dims
     /// `rank`).
@@ -668,6 +676,7 @@ mod tests {
             v,
             blocks_per_buffer: 64,
             num_buffers: 1,
+            per_buffer: false,
             mla: mla_rope.is_some(),
         }
     }

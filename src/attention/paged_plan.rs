@@ -191,6 +191,7 @@ fn cache_geometry(cache: &PagedKvCache, mla: bool) -> Result<(KvGeometry, wgpu::
             v: c.v_layout(),
             blocks_per_buffer: pools.k.blocks_per_buffer(),
             num_buffers: pools.k.buffers().len(),
+            per_buffer: false,
             mla,
         },
         id,
@@ -302,7 +303,7 @@ impl PagedAttentionPlan {
     /// `B = max_blocks_per_seq`, `L = B * block_size`, `G` the GQA group, `T` the tile rows
     /// (the full tile, at most `Q G`) and `P` the pool buffers per layer, the workspace holds
     /// `(Q G + S (T - 1)) / T` merge tiles, `ceil(L / split_tokens)` (plus `B - 1` when
-    /// `P > 1`) work items per tile, and the metadata words of that many items, tiles, `S`
+    /// `P > 1` and the kernel does not bind the whole pool) work items per tile, and the metadata words of that many items, tiles, `S`
     /// sequences of `B` blocks.
     ///
     /// # Errors
@@ -532,6 +533,7 @@ impl PagedAttentionPlan {
                 slopes_at: step.slopes_at as u32,
                 list_at: d.list_at as u32,
                 list_len: d.list_len as u32,
+                blocks_per_buffer: bpb as u32,
                 ..Default::default()
             };
             let slot = self.slot(d);
@@ -730,19 +732,38 @@ impl PagedAttentionPlan {
             AttentionKernel::Lanes => (Kernel::PagedLanes, true),
         };
         let pipeline = ctx.pipeline(&self.pipeline_key(kernel))?;
-        // The vec4 views of the pools: the workgroup kernel always binds them, the lanes kernel
-        // where its rows are read wide.
-        let wide = !lanes || self.lanes_shape().wide;
+        let wide = lanes && self.lanes_shape().wide;
         let whole = |b: &wgpu::Buffer| Bound {
             buffer: b.clone(),
             offset: 0,
             size: b.size(),
         };
+        // What each dispatch's pool bindings hold: for the workgroup kernel a pool of at most
+        // two buffers is bound whole (slot 1 repeats slot 0 for one buffer), else each
+        // dispatch binds the one buffer its items read, in both slots.
+        let sets: Vec<(usize, [(&wgpu::Buffer, &wgpu::Buffer); 2])> =
+            if self.fixed.binds_whole_pool() {
+                let first = pools.iter().find(|(b, _)| *b == 0).map(|(_, p)| *p);
+                let second = pools.iter().find(|(b, _)| *b == 1).map(|(_, p)| *p);
+                match (first, second) {
+                    (Some(a), Some(b)) => vec![(0, [a, b])],
+                    (Some(a), None) if self.fixed.geometry.num_buffers == 1 => vec![(0, [a, a])],
+                    _ => {
+                        return Err(Error::InvalidArgument(
+                            "paged attention: the plan binds the whole pool, and a pool buffer is \
+                         missing"
+                                .into(),
+                        ))
+                    }
+                }
+            } else {
+                pools.iter().map(|&(b, p)| (b, [p, p])).collect()
+            };
         // The bind group of every slot of these pool buffers, used this step or not: a later
         // step whose items reach another buffer (or chunk) then finds its bind group ready.
         let cpb = self.size.chunks_per_buffer;
         let mut groups = HashMap::new();
-        for &(buffer, pair) in pools {
+        for &(buffer, pairs) in &sets {
             for slot in buffer * cpb..(buffer + 1) * cpb {
                 // A plan made for one batch binds only what it records.
                 if !self.eager_bind && !self.step.dispatches.iter().any(|d| self.slot(d) == slot) {
@@ -751,16 +772,18 @@ impl PagedAttentionPlan {
                 let key = BindKey {
                     slot,
                     bound: vec![
-                        whole(pair.0),
-                        whole(pair.1),
+                        whole(pairs[0].0),
+                        whole(pairs[0].1),
                         whole(scales.0),
                         whole(scales.1),
                         q.clone(),
+                        whole(pairs[1].0),
+                        whole(pairs[1].1),
                     ],
                 };
                 let group = self.bind_group(key, |key| {
-                    let [k, v, sk, sv, q] = &key.bound[..] else {
-                        unreachable!("five bound buffers")
+                    let [k, v, sk, sv, q, k1, v1] = &key.bound[..] else {
+                        unreachable!("seven bound buffers")
                     };
                     let mut resources = vec![
                         self.params[slot].as_entire_binding(),
@@ -773,8 +796,12 @@ impl PagedAttentionPlan {
                         sk.buffer.as_entire_binding(),
                         sv.buffer.as_entire_binding(),
                     ];
-                    if wide {
-                        // The vec4 views of the same pools.
+                    if !lanes {
+                        // The workgroup kernel's slot-1 pools.
+                        resources
+                            .extend([k1.buffer.as_entire_binding(), v1.buffer.as_entire_binding()]);
+                    } else if wide {
+                        // The lanes kernel's vec4 views of the same pools.
                         resources
                             .extend([k.buffer.as_entire_binding(), v.buffer.as_entire_binding()]);
                     }

@@ -26,6 +26,19 @@ pub(crate) struct Fixed {
     pub max_x: usize,
 }
 
+impl Fixed {
+    /// Whether every dispatch binds the whole pool (all its buffers), so that items are never
+    /// cut where a sequence's blocks change buffer: the workgroup kernel over a pool of at
+    /// most [`BOUND_POOL_BUFFERS`](super::paged::BOUND_POOL_BUFFERS) buffers, unless the
+    /// caller dispatches buffer by buffer. Then a row's splits depend on its sequence's length
+    /// alone, never on which buffer the allocator put a block in.
+    pub fn binds_whole_pool(&self) -> bool {
+        self.kernel == AttentionKernel::Workgroup
+            && !self.geometry.per_buffer
+            && self.geometry.num_buffers <= super::paged::BOUND_POOL_BUFFERS
+    }
+}
+
 /// One attend dispatch of a step: its pool buffer, its chunk of that buffer's items, how many
 /// items it takes and where its item list starts in the metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +117,8 @@ impl Fixed {
     /// - tiles: a sequence of `q` queries has `ceil(q G / T)` tiles, and summed over at most `S`
     ///   sequences of `Q` queries that is at most `(Q G + S (T - 1)) / T`;
     /// - items per tile: the tile's keys lie in `0..L`, cut at multiples of `split_tokens`
-    ///   (at most `ceil(L / split_tokens)` pieces) and, with `P > 1`, also where the block table
+    ///   (at most `ceil(L / split_tokens)` pieces) and, with `P > 1` buffers not bound whole
+    ///   ([`binds_whole_pool`](Self::binds_whole_pool)), also where the block table
     ///   changes buffer (at most once per block boundary: `B - 1` more);
     /// - items: tiles times items per tile;
     /// - dispatches per buffer: `ceil(items / items per dispatch)`;
@@ -122,7 +136,7 @@ impl Fixed {
             self.geometry.k.block_size,
         )?;
         let mut per_tile = keys.div_ceil(self.split_tokens);
-        if self.geometry.num_buffers > 1 {
+        if self.geometry.num_buffers > 1 && !self.binds_whole_pool() {
             per_tile = add("items per tile", per_tile, capacity.max_blocks_per_seq - 1)?;
         }
         let items = mul("work items", tiles, per_tile)?;
@@ -186,6 +200,10 @@ impl Fixed {
             .sliding_window
             .filter(|&w| opts.causal && w < max_len_k);
         let bpb = geometry.blocks_per_buffer;
+        // The buffer of a block as the dispatches see it (all one when they bind the whole
+        // pool).
+        let whole = self.binds_whole_pool();
+        let buffer_of = |block: u32| if whole { 0 } else { block as usize / bpb };
 
         // Work items in (sequence, tile, key) order; merge tiles point at their run of items.
         let mut items: Vec<[u32; ITEM_WORDS]> = Vec::new();
@@ -208,12 +226,12 @@ impl Fixed {
                 let first_item = items.len();
                 let mut k0 = lo;
                 while k0 < hi {
-                    let buffer = s.table[k0 / bs] as usize / bpb;
+                    let buffer = buffer_of(s.table[k0 / bs]);
                     let mut k1 = ((k0 / split_tokens + 1) * split_tokens).min(hi);
                     // End the item where the blocks leave this buffer.
                     let mut k = (k0 / bs + 1) * bs;
                     while k < k1 {
-                        if s.table[k / bs] as usize / bpb != buffer {
+                        if buffer_of(s.table[k / bs]) != buffer {
                             k1 = k;
                             break;
                         }

@@ -132,9 +132,13 @@ impl BlockPool {
     pub fn max_blocks_per_buffer(ctx: &Context, layout: &PoolLayout) -> Result<usize> {
         layout.validate()?;
         let caps = ctx.caps();
+        // Whole 16-byte units: buffers are rounded up to 16 bytes (kernels read them as
+        // vec4<u32>), which must stay within the limit.
         let per_binding = caps
             .max_storage_buffer_binding_size
-            .min(caps.max_buffer_size);
+            .min(caps.max_buffer_size)
+            / 16
+            * 16;
         let n = (per_binding / layout.block_bytes()) as usize;
         if n == 0 {
             return Err(Error::TooLarge {
@@ -181,7 +185,8 @@ impl BlockPool {
             let n = left.min(blocks_per_buffer);
             let buffer = ctx.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
-                size: n as u64 * layout.block_bytes(),
+                // Rounded up to 16 bytes, so that every word is part of a vec4<u32>.
+                size: (n as u64 * layout.block_bytes()).next_multiple_of(16),
                 usage: STORAGE,
                 mapped_at_creation: false,
             })?;

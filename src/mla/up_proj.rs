@@ -143,6 +143,7 @@ impl UpProjPlan {
             v: expanded(s.d_v),
             blocks_per_buffer: chunk,
             num_buffers: gathers.len(),
+            per_buffer: true,
             mla: false,
         };
         let options = AttentionOptions {

@@ -1053,3 +1053,78 @@ fn workgroup_and_lanes_kernels_both_match_reference() {
         }
     }
 }
+
+#[test]
+fn results_do_not_depend_on_which_pool_buffer_holds_a_block() {
+    // The workgroup kernel binds a pool of two buffers whole, so a sequence's splits are the
+    // fixed token splits whatever buffer the allocator put its blocks in: the same sequence
+    // gives the same bits in a cache where its blocks all lie in the first buffer and in one
+    // where an earlier sequence pushed them across both.
+    let shape = AttentionShape {
+        num_q_heads: 8,
+        num_kv_heads: 2,
+        head_dim_qk: 64,
+        head_dim_v: 64,
+    };
+    let bs = 16;
+    // f16 rows of 64 values, 2 KV heads, 16 slots: 4 KiB blocks; 48 blocks per buffer.
+    let block_bytes = 2 * 16 * 32 * 4;
+    let ctx = Context::with_options(&ContextOptions {
+        max_storage_binding_cap: Some(48 * block_bytes),
+        attention_kernel: Some(AttentionKernel::Workgroup),
+        ..Default::default()
+    })
+    .unwrap();
+    // 17 query tokens' queries: the first one for decode, all for a prefill chunk.
+    let b = HostBatch::new(shape, &[(700, 17)], 77);
+    let cfg = PagedKvConfig {
+        block_size: bs,
+        prefix_caching: false,
+        ..PagedKvConfig::new(1, 2, 64, KvDtype::F16)
+    };
+    let run_after = |filler_blocks: usize, len_q: usize| {
+        let mut cache = PagedKvCache::new(&ctx, cfg.clone(), PoolSize::Blocks(96)).unwrap();
+        assert_eq!(cache.layer(0).unwrap().k.buffers().len(), 2);
+        if filler_blocks > 0 {
+            let n = filler_blocks * bs;
+            cache.add_sequence(9, &[]).unwrap();
+            let rows = vec![vec![0.5f32; n * 2 * 64]];
+            cache
+                .append_host(&ctx, 9, &vec![0; n], &rows, &rows)
+                .unwrap();
+        }
+        cache.add_sequence(0, &[]).unwrap();
+        cache
+            .append_host(&ctx, 0, &vec![0; 700], &[b.k[0].clone()], &[b.v[0].clone()])
+            .unwrap();
+        let table = cache.allocator().blocks(0).unwrap().to_vec();
+        let buffers: std::collections::BTreeSet<u32> = table.iter().map(|&x| x / 48).collect();
+        let opts = AttentionOptions::default();
+        let batch = [PagedQuery { seq: 0, len_q }];
+        let args = PagedAttentionArgs {
+            layer: 0,
+            batch: &batch,
+            shape,
+            options: &opts,
+            precision: Precision::F32,
+        };
+        let plan = PagedAttentionPlan::new(&ctx, &cache, &args).unwrap();
+        let rows = len_q * shape.num_q_heads * shape.head_dim_qk;
+        let out = paged_attention_host(&ctx, &cache, &args, &b.q[..rows]).unwrap();
+        (buffers, plan.num_items(), out)
+    };
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for len_q in [1, 17] {
+        let (one, items_one, a) = run_after(0, len_q);
+        let (two, items_two, c) = run_after(40, len_q);
+        assert_eq!(
+            one.len(),
+            1,
+            "the first cache keeps the sequence in one buffer"
+        );
+        assert_eq!(two.len(), 2, "the second cache spreads it over both");
+        assert_eq!(items_one, items_two, "the same splits (len_q {len_q})");
+        assert_eq!(bits(&a.out), bits(&c.out), "len_q {len_q}: outputs differ");
+        assert_eq!(bits(&a.lse), bits(&c.lse), "len_q {len_q}: lse differ");
+    }
+}
