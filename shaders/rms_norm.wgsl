@@ -35,13 +35,14 @@ struct RmsNormParams {
 @group(0) @binding(2) var<storage, read> weight: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
-const WG: u32 = 256u;
+// Invocations per workgroup: a power of two, the host's min(256, the device's limit).
+override WG: u32 = 256u;
 // 2^40: past this, eps * 2^2k dwarfs the scaled mean (< 16) by more than 2^36.
 const EPS_DOMINATES: f32 = 1099511627776.0;
 
 var<workgroup> partial: array<f32, WG>;
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,

@@ -4,9 +4,9 @@
 //! A query row is one (query token, query head). The rows of a sequence that share a KV head
 //! are cut into tiles (the whole GQA group of a decode token when it fits workgroup memory; a few
 //! tokens times the group for prefill). Each tile's visible key range is cut at fixed token
-//! splits ([`SPLIT_TOKENS`], split-K) and where the sequence's blocks change pool buffer (a pool
-//! larger than one binding is split over buffers; each buffer is one more split, ARCHITECTURE.md
-//! section 5). A workgroup computes a partial (o, lse) per row for one (work item, KV head); the
+//! splits ([`SPLIT_TOKENS`], split-K). A pool larger than one binding is split over buffers: the
+//! workgroup kernel binds up to [`BOUND_POOL_BUFFERS`] of them whole; otherwise a split is also
+//! cut where the sequence's blocks change buffer (ARCHITECTURE.md section 5). A workgroup computes a partial (o, lse) per row for one (work item, KV head); the
 //! merge kernel combines a row's partials in key order and adds the sinks once.
 //!
 //! Two kernels run the same plan and write the same partial states: `paged.wgsl` (a workgroup

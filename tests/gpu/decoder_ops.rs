@@ -15,7 +15,9 @@ use kvattn::decoder::ops::add::{add_in_place, encode_add, prepare_add, AddArgs};
 use kvattn::decoder::ops::embed::{
     embed, embed_host_check, encode_embed, prepare_embed, EmbedArgs,
 };
-use kvattn::decoder::ops::rms_norm::{encode_rms_norm, prepare_rms_norm, rms_norm, RmsNormArgs};
+use kvattn::decoder::ops::rms_norm::{
+    encode_rms_norm, prepare_rms_norm, rms_norm, workgroup_size, RmsNormArgs, WORKGROUP_SIZE,
+};
 use kvattn::decoder::ops::swiglu::{encode_swiglu, prepare_swiglu, swiglu, SwigluArgs};
 use kvattn::gpu::Context;
 use kvattn::reference::ops as reference;
@@ -120,6 +122,22 @@ fn rms_inputs(rng: &mut Rng, rows: usize, dim: usize) -> (Vec<f32>, Vec<f32>) {
         x.extend(rng.normals(dim, scale));
     }
     (x, w)
+}
+
+#[test]
+fn rms_norm_workgroup_fits_the_device() {
+    // The invocations per workgroup come from the device's limit, not a constant.
+    let ctx = gpu();
+    let wg = workgroup_size(ctx);
+    let limit = ctx.caps().max_compute_invocations_per_workgroup;
+    assert!(
+        wg.is_power_of_two() && wg <= limit && wg <= WORKGROUP_SIZE,
+        "{wg} for {limit}"
+    );
+    assert!(
+        wg * 2 > limit.min(WORKGROUP_SIZE),
+        "{wg}: the largest that fits {limit}"
+    );
 }
 
 #[test]

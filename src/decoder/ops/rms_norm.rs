@@ -7,7 +7,8 @@
 //! for `rows` rows of `dim` f32 values. The CPU reference is
 //! [`crate::reference::ops::rms_norm`].
 //!
-//! One workgroup of 256 invocations per row (any `dim`), a fixed reduction order (each
+//! One workgroup of [`workgroup_size`] invocations (256 where the device allows) per row (any
+//! `dim`), a fixed reduction order (each
 //! invocation sums its strided elements in index order, then a tree in workgroup memory): the
 //! bits of a row's output depend only on that row, `weight` and `eps`, never on how many rows
 //! share the call or where the call's slices of the buffers begin (ARCHITECTURE.md section 1).
@@ -21,8 +22,8 @@
 //! # Accuracy
 //!
 //! Within `2e-6` of the f64 reference, relative to each output (the test's bound). The sum of
-//! squares carries at most `ceil(dim / 256) + 8` f32 roundings of `2^-24` each (`2.4e-6`
-//! relative at `dim = 8192` if every one went the same way; far less in practice), halved by
+//! squares carries at most `ceil(dim / WG) + log2(WG)` f32 roundings of `2^-24` each (`2.4e-6`
+//! relative at `dim = 8192` with 256 invocations if every one went the same way; far less in practice), halved by
 //! the square root; `inverseSqrt` adds at most 2 ulp (WGSL) and the three products 0.5 ulp
 //! each.
 
@@ -56,12 +57,21 @@ crate::wgsl_struct! {
     }
 }
 
-/// Invocations per workgroup (the WGSL `@workgroup_size`; one workgroup per row).
+/// Invocations per workgroup (the WGSL `WG`; one workgroup per row) on devices that allow it.
 pub const WORKGROUP_SIZE: u32 = 256;
 
-/// Override constants for the naga tests (the kernel has none).
+/// Invocations per workgroup on `ctx`'s device: [`WORKGROUP_SIZE`], or the largest power of
+/// two within the device's `max_compute_invocations_per_workgroup` when that is smaller (GLES
+/// guarantees 128). A row's result depends on it (the tree of partial sums), never on the
+/// batch.
+pub fn workgroup_size(ctx: &Context) -> u32 {
+    let limit = ctx.caps().max_compute_invocations_per_workgroup.max(1);
+    WORKGROUP_SIZE.min(1 << (31 - limit.leading_zeros()))
+}
+
+/// Override constants for the naga tests: the usual workgroup and GLES's smallest.
 pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
-    vec![Vec::new()]
+    vec![vec![("WG", 256.0)], vec![("WG", 128.0)]]
 }
 
 /// One RMSNorm: `rows` rows of `dim` values of `x` into `out`, scaled by `weight`.
@@ -111,7 +121,10 @@ pub fn prepare_rms_norm(ctx: &Context, args: &RmsNormArgs<'_>) -> Result<Prepare
         });
     }
     let rows_per_chunk = (per_binding / dim as u64) as usize;
-    let key = PipelineKey::new(ShaderVariant::new(Kernel::RmsNorm, Precision::F32), &[]);
+    let key = PipelineKey::new(
+        ShaderVariant::new(Kernel::RmsNorm, Precision::F32),
+        &[("WG", f64::from(workgroup_size(ctx)))],
+    );
     let pipeline = ctx.pipeline(&key)?;
     let max_groups = ctx.caps().max_compute_workgroups_per_dimension.max(1) as usize;
     let w = bind(ctx, 0, dim as u64)?;
