@@ -108,9 +108,8 @@ fn kv_word(which: u32, i: u32) -> u32 {
     return pool_vec4(which, i >> 2u)[i & 3u];
 }
 
-fn kv_half2(w: u32) -> vec2<f32> {
-    return kv_unpack_f16x2(w);
-}
+// kv_half2 (two f16 values of a word) comes from lib/half2_exact.wgsl or lib/half2_convert.wgsl
+// (ShaderVariant::f16_convert).
 
 // Chunk ci (words 4ci .. 4ci + 3) of pool row `row` of pool `which`, of `words` words; words
 // past the row read as 0.

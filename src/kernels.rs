@@ -72,6 +72,7 @@ pub fn param_structs(kernel: Kernel) -> Vec<StructLayout> {
         Kernel::FmaRate => vec![layout_of::<bench::fma_rate::FmaParams>()],
         #[cfg(not(feature = "bench"))]
         Kernel::Bandwidth | Kernel::FmaRate => Vec::new(),
+        Kernel::F16Check => Vec::new(),
     }
 }
 
@@ -113,6 +114,7 @@ pub fn kernel_constants(kernel: Kernel, precision: Precision) -> Vec<Constants> 
         Kernel::FmaRate => bench::fma_rate::representative_constants(),
         #[cfg(not(feature = "bench"))]
         Kernel::Bandwidth | Kernel::FmaRate => Vec::new(),
+        Kernel::F16Check => vec![Vec::new()],
     }
 }
 
@@ -154,6 +156,13 @@ pub fn all_variants() -> Vec<ShaderVariant> {
                                 ..base
                             }),
                     );
+                } else if kernel == Kernel::Paged {
+                    // With the exact integer f16 decoder and with unpack2x16float.
+                    variants.push(base);
+                    variants.push(ShaderVariant {
+                        f16_convert: true,
+                        ..base
+                    });
                 } else {
                     variants.push(base);
                 }

@@ -30,6 +30,9 @@ const LIB_ROWS_PORTABLE: &str = include_str!("../shaders/lib/rows_portable.wgsl"
 const LIB_ROWS_SUBGROUP: &str = include_str!("../shaders/lib/rows_subgroup.wgsl");
 /// Decoding 16-byte chunks of K/V rows of any format (the paged attention kernels).
 const LIB_KV_CHUNK: &str = include_str!("../shaders/lib/kv_chunk.wgsl");
+/// `kv_half2` by the exact integer decoder, or by `unpack2x16float` (checked exact).
+const LIB_HALF2_EXACT: &str = include_str!("../shaders/lib/half2_exact.wgsl");
+const LIB_HALF2_CONVERT: &str = include_str!("../shaders/lib/half2_convert.wgsl");
 /// The paged attention kernels' parameters, bindings and pool accessors.
 const LIB_PAGED_IO: &str = include_str!("../shaders/lib/paged_io.wgsl");
 /// Shared constants and online-softmax helpers.
@@ -94,11 +97,14 @@ pub enum Kernel {
     Bandwidth,
     /// Independent FMA chains measuring the arithmetic rate (`shaders/fma_rate.wgsl`).
     FmaRate,
+    /// Every f16 pattern through `unpack2x16float`, checked on the host before kernels use it
+    /// (`shaders/f16_check.wgsl`).
+    F16Check,
 }
 
 impl Kernel {
     /// Every kernel family.
-    pub const ALL: [Kernel; 16] = [
+    pub const ALL: [Kernel; 17] = [
         Kernel::Paged,
         Kernel::PagedLanes,
         Kernel::Merge,
@@ -115,6 +121,7 @@ impl Kernel {
         Kernel::Embed,
         Kernel::Bandwidth,
         Kernel::FmaRate,
+        Kernel::F16Check,
     ];
 
     /// Name used in labels, errors and pipeline keys.
@@ -136,6 +143,7 @@ impl Kernel {
             Kernel::Embed => "embed",
             Kernel::Bandwidth => "bandwidth",
             Kernel::FmaRate => "fma_rate",
+            Kernel::F16Check => "f16_check",
         }
     }
 
@@ -158,6 +166,7 @@ impl Kernel {
             Kernel::Embed => include_str!("../shaders/embed.wgsl"),
             Kernel::Bandwidth => include_str!("../shaders/bandwidth.wgsl"),
             Kernel::FmaRate => include_str!("../shaders/fma_rate.wgsl"),
+            Kernel::F16Check => include_str!("../shaders/f16_check.wgsl"),
         }
     }
 
@@ -177,7 +186,7 @@ impl Kernel {
             Kernel::Rope => &[],
             Kernel::HeadMatmul | Kernel::StridedCopy => &[],
             Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed => &[],
-            Kernel::Bandwidth | Kernel::FmaRate => &[],
+            Kernel::Bandwidth | Kernel::FmaRate | Kernel::F16Check => &[],
         }
     }
 
@@ -204,7 +213,8 @@ impl Kernel {
             | Kernel::Swiglu
             | Kernel::Add
             | Kernel::Embed
-            | Kernel::Bandwidth => &[Precision::F32],
+            | Kernel::Bandwidth
+            | Kernel::F16Check => &[Precision::F32],
         }
     }
 }
@@ -221,6 +231,10 @@ pub struct ShaderVariant {
     pub subgroups: bool,
     /// The shape the lanes attention kernel is written out for ([`Kernel::PagedLanes`] only).
     pub lanes: Option<LanesShape>,
+    /// f16 values are converted with `unpack2x16float` ([`Kernel::Paged`] only; needs
+    /// [`wgpu::DownlevelFlags::SHADER_F16_IN_F32`] and a passed f16 check,
+    /// [`Capabilities::f16_unpack_exact`](crate::gpu::Capabilities::f16_unpack_exact)).
+    pub f16_convert: bool,
 }
 
 impl ShaderVariant {
@@ -231,6 +245,7 @@ impl ShaderVariant {
             precision,
             subgroups: false,
             lanes: None,
+            f16_convert: false,
         }
     }
 
@@ -244,7 +259,12 @@ impl ShaderVariant {
 
     /// `kernel/precision[+subgroups]`, e.g. `paged/f16+subgroups`.
     pub fn name(&self) -> String {
-        let sg = if self.subgroups { "+subgroups" } else { "" };
+        let sg = match (self.subgroups, self.f16_convert) {
+            (false, false) => "",
+            (true, false) => "+subgroups",
+            (false, true) => "+cvt",
+            (true, true) => "+subgroups+cvt",
+        };
         let lanes = self
             .lanes
             .map(|l| format!("[{}]", l.name()))
@@ -267,6 +287,14 @@ impl ShaderVariant {
             src.push('\n');
             src.push_str(lib);
         }
+        if self.kernel == Kernel::Paged {
+            src.push('\n');
+            src.push_str(if self.f16_convert {
+                LIB_HALF2_CONVERT
+            } else {
+                LIB_HALF2_EXACT
+            });
+        }
         src.push('\n');
         match self.lanes {
             Some(shape) => src.push_str(&shape.body()),
@@ -283,6 +311,14 @@ impl ShaderVariant {
             });
         }
         src
+    }
+
+    /// Whether the variant converts f16 with `unpack2x16float` (naga's
+    /// `SHADER_FLOAT16_IN_FLOAT32`, wgpu's [`wgpu::DownlevelFlags::SHADER_F16_IN_F32`]).
+    pub fn needs_f16_in_f32(&self) -> bool {
+        self.kernel == Kernel::F16Check
+            || self.f16_convert
+            || self.lanes.is_some_and(|l| l.f16_convert)
     }
 
     /// The device features the variant needs.

@@ -22,7 +22,7 @@ fn capabilities(variant: &ShaderVariant) -> Capabilities {
     {
         caps |= Capabilities::SUBGROUP;
     }
-    if variant.lanes.is_some_and(|l| l.f16_convert) {
+    if variant.needs_f16_in_f32() {
         caps |= Capabilities::SHADER_FLOAT16_IN_FLOAT32;
     }
     caps

@@ -204,10 +204,8 @@ impl WorkgroupLayout {
         let limit = fit.workgroup_storage as usize;
         let mut wg = MAX_WG.min(fit.max_invocations.max(1));
         wg = 1 << (31 - wg.leading_zeros());
-        if !subgroups {
-            // The portable sums pay a barrier per step: fewer, wider steps do not help them.
-            wg = wg.min(128);
-        }
+        // The same invocations with or without shuffles (the workgroup memory allowing), so
+        // that the two sums give the same bits for the same lanes.
         wg = wg.max(key_lanes);
         loop {
             let tile = (1..=MAX_TILE.min(by_regs).max(1))
@@ -739,14 +737,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!((l.key_lanes, l.subgroups), (8, true));
-        // No subgroups (DX12, GL): the portable sums, at most 128 invocations.
+        // No subgroups (DX12, GL): the portable sums.
         let l = WorkgroupLayout::new(
             &shape(8, 128, 128),
             &geometry(KvDtype::F16, 128, None),
             &DeviceFit::BASELINE,
         )
         .unwrap();
-        assert_eq!((l.key_lanes, l.subgroups, l.wg), (16, false, 128));
+        assert_eq!((l.key_lanes, l.subgroups, l.wg), (16, false, 256));
     }
 
     #[test]

@@ -121,8 +121,9 @@ struct StepState {
 pub struct PagedAttentionPlan {
     fixed: Fixed,
     precision: Precision,
-    /// The device converts f16 in shaders (`SHADER_F16_IN_F32`).
-    f16_in_f32: bool,
+    /// The device converts f16 in shaders exactly (`SHADER_F16_IN_F32`, checked on all
+    /// patterns when the context was made).
+    f16_convert: bool,
     capacity: PlanCapacity,
     size: WorkspaceSize,
     /// The first K pool buffer of layer 0 of the cache the plan was made for (none for plans
@@ -415,7 +416,7 @@ impl PagedAttentionPlan {
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             precision,
-            f16_in_f32: ctx.caps().f16_in_f32,
+            f16_convert: ctx.caps().f16_unpack_exact,
             capacity,
             size,
             cache_id,
@@ -623,6 +624,7 @@ impl PagedAttentionPlan {
             Kernel::PagedLanes => ShaderVariant::lanes(precision, self.lanes_shape()),
             _ => ShaderVariant {
                 subgroups,
+                f16_convert: kernel == Kernel::Paged && self.f16_convert,
                 ..ShaderVariant::new(kernel, precision)
             },
         };
@@ -642,7 +644,7 @@ impl PagedAttentionPlan {
             k_qpw: columns_per_word4(k.dtype),
             v_qpw: columns_per_word4(if mla { k.dtype } else { v.dtype }),
             wide: rows_aligned(k, v),
-            f16_convert: self.f16_in_f32,
+            f16_convert: self.f16_convert,
         }
     }
 

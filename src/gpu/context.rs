@@ -145,6 +145,11 @@ pub struct Capabilities {
     /// Shaders may use `unpack2x16float` and friends
     /// ([`wgpu::DownlevelFlags::SHADER_F16_IN_F32`]).
     pub f16_in_f32: bool,
+    /// `unpack2x16float` gave the exact value of all 65,536 f16 patterns when the context was
+    /// made ([`f16_check`](super::f16_check)), so the attention kernels convert f16 K/V with
+    /// it; false without [`f16_in_f32`](Self::f16_in_f32) or on any mismatch (the exact
+    /// integer decoder then stays).
+    pub f16_unpack_exact: bool,
     /// Workgroups per dispatch dimension.
     pub max_compute_workgroups_per_dimension: u32,
 }
@@ -478,8 +483,9 @@ impl Context {
             f16_in_f32: downlevel
                 .flags
                 .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32),
+            f16_unpack_exact: false,
         };
-        Ok(Self {
+        let mut ctx = Self {
             device,
             queue,
             adapter: summary(info),
@@ -490,7 +496,15 @@ impl Context {
             counters: AtomicCounters::default(),
             pending: Mutex::new(Pending::default()),
             owns_device: false,
-        })
+        };
+        if ctx.caps.f16_in_f32 {
+            // A failed or inexact check keeps the integer decoder: never a reason to refuse.
+            let exact = super::f16_check::unpack_mismatches(&ctx).is_ok_and(|m| m.is_empty());
+            ctx.caps.f16_unpack_exact = exact;
+            // The check's buffers and submission are the context's making, not the caller's.
+            ctx.counters = AtomicCounters::default();
+        }
+        Ok(ctx)
     }
 
     /// Whether kvattn opened this device itself (rather than [`Context::from_wgpu`]).

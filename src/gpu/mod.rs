@@ -3,6 +3,7 @@ mod buffer;
 mod context;
 mod counters;
 pub(crate) mod dispatch;
+pub mod f16_check;
 mod gate;
 mod layout;
 mod readback;

@@ -165,3 +165,26 @@ fn buffers_round_trip_and_respect_the_binding_cap() {
         })
     ));
 }
+
+#[test]
+fn the_f16_check_decides_the_f16_conversion() {
+    // Kernels convert f16 with unpack2x16float only where the context found it exact for all
+    // 65,536 patterns; the check run again here must agree with that decision.
+    let ctx = gpu();
+    if !ctx.caps().f16_in_f32 {
+        assert!(!ctx.caps().f16_unpack_exact);
+        assert!(matches!(
+            kvattn::gpu::f16_check::unpack_mismatches(ctx),
+            Err(Error::MissingFeature(_))
+        ));
+        return;
+    }
+    let mismatches = kvattn::gpu::f16_check::unpack_mismatches(ctx).unwrap();
+    assert_eq!(
+        ctx.caps().f16_unpack_exact,
+        mismatches.is_empty(),
+        "{} patterns differ, the first {:x?}",
+        mismatches.len(),
+        &mismatches[..mismatches.len().min(8)]
+    );
+}

@@ -41,6 +41,14 @@ pub fn run(args: &InfoArgs) -> kvattn::Result<()> {
             c.subgroup_min_size, c.subgroup_max_size
         );
     }
+    println!(
+        "f16 decode   {}",
+        match (c.f16_in_f32, c.f16_unpack_exact) {
+            (true, true) => "unpack2x16float (exact on all 65,536 patterns)",
+            (true, false) => "integer decoder (unpack2x16float differs from the exact values)",
+            (false, _) => "integer decoder (no SHADER_F16_IN_F32)",
+        }
+    );
     println!("limits");
     println!(
         "  max_storage_buffer_binding_size       {}",
