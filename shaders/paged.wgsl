@@ -41,6 +41,11 @@
 // the probabilities (after the running sums have read them), and a per-tensor V scale the output
 // once. Int4 decodes each chunk (one scale group) with its group's scale and min.
 //
+// Loops marked `@unroll` run to a shape constant (TILE, chunks and columns per lane); the host
+// writes them out (ShaderVariant::unroll), so that every per-row value sits in a register at a
+// constant index rather than in an indexed array, which some compilers (CPU adapters among
+// them) keep in memory.
+//
 // Arithmetic is written with explicit fma where a product meets a sum, so that every pipeline
 // of this kernel (whatever its TILE) does the same operations.
 
@@ -59,6 +64,8 @@ override R_CH: u32 = 0u;
 override QK: u32 = 2u;
 override QV: u32 = 2u;
 override QR: u32 = 2u;
+// Four-row vec4 slots of a tile (the lane-group sums add four rows at a time).
+override ROW_QUADS: u32 = (TILE + 3u) / 4u;
 // Chunks per lane of each.
 override CHK: u32 = (K_CH + KEY_LANES - 1u) / KEY_LANES;
 override CHV: u32 = (V_CH + KEY_LANES - 1u) / KEY_LANES;
@@ -76,11 +83,16 @@ var<workgroup> grp_m: array<f32, GROUP_ROWS>;
 var<workgroup> grp_l: array<f32, GROUP_ROWS>;
 var<workgroup> grp_bad: array<u32, GROUP_ROWS>;
 var<workgroup> comb: array<vec4<f32>, COMB_LEN>;
+var<workgroup> row_m: array<f32, MAX_TILE>;
+var<workgroup> row_l: array<f32, MAX_TILE>;
+var<workgroup> row_bad: array<u32, MAX_TILE>;
 
 // The pools, read 16 bytes at a time: K and V of the pool buffer in slot 0 and in slot 1 (a
 // pool over two buffers is bound whole, so a split's keys may lie in either; with one buffer, or
 // a dispatch per buffer, slot 1 repeats slot 0). `which` is 2 slot + (0 for K, 1 for V). The
 // host rounds every pool buffer up to 16 bytes, so every word has its vec4.
+// Pool buffer slots the dispatch reads (1 or 2): with one, slot 1 is never read.
+override POOL_SLOTS: u32 = 1u;
 @group(0) @binding(2) var<storage, read> k_pool4: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> v_pool4: array<vec4<u32>>;
 @group(0) @binding(9) var<storage, read> k_pool4_1: array<vec4<u32>>;
@@ -160,7 +172,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
     var m: array<f32, MAX_TILE>;
     var l: array<f32, MAX_TILE>;
     var bad: array<bool, MAX_TILE>;
-    for (var t = 0u; t < TILE; t++) {
+    for (var t = 0u; t < TILE; t++) { // @unroll
         let r = it.row0 + min(t, it.n_rows - 1u);
         let h = kv_head * GROUP + r % GROUP;
         pos[t] = r / GROUP + it.len_k - it.len_q;
@@ -169,8 +181,8 @@ fn attend(wid: vec3<u32>, tid: u32) {
         l[t] = 0.0;
         bad[t] = false;
         let qb = ((it.q_base + r / GROUP) * params.num_q_heads + h) * q4;
-        for (var c = 0u; c < CHK; c++) {
-            for (var p = 0u; p < QK; p++) {
+        for (var c = 0u; c < CHK; c++) { // @unroll
+            for (var p = 0u; p < QK; p++) { // @unroll
                 let col = (lane + c * KEY_LANES) * QK + p;
                 var v = vec4<f32>(0.0);
                 if col < d4 {
@@ -179,8 +191,8 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 qreg[(t * CHK + c) * QK + p] = vec4<f32>(real4(v));
             }
         }
-        for (var c = 0u; c < CHR; c++) {
-            for (var p = 0u; p < QR; p++) {
+        for (var c = 0u; c < CHR; c++) { // @unroll
+            for (var p = 0u; p < QR; p++) { // @unroll
                 let col = (lane + c * KEY_LANES) * QR + p;
                 var v = vec4<f32>(0.0);
                 if col < ROPE_DIM / 4u {
@@ -202,15 +214,19 @@ fn attend(wid: vec3<u32>, tid: u32) {
         let jc = clamp(j, it.key_start, it.key_end - 1u);
         // Block sizes are powers of two: shifts and masks, not divisions.
         let at = plan[it.table + (jc >> bs_shift)] - params.first_block;
-        let slot = at / params.blocks_per_buffer;
-        let block = at % params.blocks_per_buffer;
+        var slot = 0u;
+        var block = at;
+        if POOL_SLOTS > 1u {
+            slot = at / params.blocks_per_buffer;
+            block = at % params.blocks_per_buffer;
+        }
         let row = (block * params.num_kv_heads + kv_head) * params.block_size + (jc & bs_mask);
         let kp = 2u * slot;
         let vp = kp + value_pool();
 
         // 1. This lane's part of the key's dot product with every row.
         var d: array<f32, MAX_TILE>;
-        for (var c = 0u; c < CHK; c++) {
+        for (var c = 0u; c < CHK; c++) { // @unroll
             let ci = lane + c * KEY_LANES;
             if ci < K_CH {
                 let w = pool_chunk(kp, row, ci, k_words);
@@ -218,26 +234,26 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 if K_DTYPE == KV_INT4 {
                     sm = kv_int4_group(kp, row, ci);
                 }
-                for (var p = 0u; p < QK; p++) {
+                for (var p = 0u; p < QK; p++) { // @unroll
                     let k = vec4<f32>(real4(kv_quad_of(K_DTYPE, w, p, sm)));
-                    for (var t = 0u; t < TILE; t++) {
+                    for (var t = 0u; t < TILE; t++) { // @unroll
                         d[t] = dot_fma(qreg[(t * CHK + c) * QK + p], k, d[t]);
                     }
                 }
             }
         }
         let k_scale = kv_row_scale(kp, row);
-        for (var t = 0u; t < TILE; t++) {
+        for (var t = 0u; t < TILE; t++) { // @unroll
             d[t] *= k_scale;
         }
         // MLA: the RoPE part of the key (16-bit or f32, no row scale).
-        for (var c = 0u; c < CHR; c++) {
+        for (var c = 0u; c < CHR; c++) { // @unroll
             let ci = lane + c * KEY_LANES;
             if ci < R_CH {
                 let w = pool_chunk(kp + 1u, row, ci, r_words);
-                for (var p = 0u; p < QR; p++) {
+                for (var p = 0u; p < QR; p++) { // @unroll
                     let k = vec4<f32>(real4(kv_quad_of(V_DTYPE, w, p, vec2<f32>(0.0))));
-                    for (var t = 0u; t < TILE; t++) {
+                    for (var t = 0u; t < TILE; t++) { // @unroll
                         d[t] = dot_fma(qreg[r_at + (t * CHR + c) * QR + p], k, d[t]);
                     }
                 }
@@ -250,7 +266,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
         let v_scale = select(1.0, kv_row_scale(vp, row), kv_row_scaled(vp));
         var alpha: array<f32, MAX_TILE>;
         var pv: array<f32, MAX_TILE>;
-        for (var t = 0u; t < TILE; t++) {
+        for (var t = 0u; t < TILE; t++) { // @unroll
             let p_t = pos[t];
             var visible = live;
             if causal {
@@ -272,7 +288,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
 
         // 4. The value row, each lane its chunks: acc = acc alpha + p v, the product only where
         // p is not zero (0 * inf or 0 * NaN must not reach a row).
-        for (var c = 0u; c < CHV; c++) {
+        for (var c = 0u; c < CHV; c++) { // @unroll
             let ci = lane + c * KEY_LANES;
             if ci < V_CH {
                 let w = pool_chunk(vp, row, ci, v_words);
@@ -280,9 +296,9 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 if v_dtype == KV_INT4 {
                     sm = kv_int4_group(vp, row, ci);
                 }
-                for (var p = 0u; p < QV; p++) {
+                for (var p = 0u; p < QV; p++) { // @unroll
                     let v = vec4<f32>(real4(kv_quad_of(v_dtype, w, p, sm)));
-                    for (var t = 0u; t < TILE; t++) {
+                    for (var t = 0u; t < TILE; t++) { // @unroll
                         let a = (t * CHV + c) * QV + p;
                         var x = acc[a] * alpha[t];
                         if bits_nonzero(pv[t]) {
@@ -298,7 +314,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
     // 5. The groups combine, in group order: each row's max over the groups, the groups' sums
     // and outputs rescaled to it.
     if lane == 0u {
-        for (var t = 0u; t < TILE; t++) {
+        for (var t = 0u; t < TILE; t++) { // @unroll
             grp_m[grp * TILE + t] = m[t];
             grp_l[grp * TILE + t] = l[t];
             grp_bad[grp * TILE + t] = u32(bad[t]);
@@ -306,20 +322,37 @@ fn attend(wid: vec3<u32>, tid: u32) {
     }
     workgroupBarrier();
     var f: array<f32, MAX_TILE>;
-    for (var t = 0u; t < TILE; t++) {
+    for (var t = 0u; t < TILE; t++) { // @unroll
         var mt = MASKED;
         for (var g = 0u; g < NG; g++) {
             mt = max(mt, grp_m[g * TILE + t]);
         }
         f[t] = exp(m[t] - mt);
     }
+    // Each row's max, sum and poisoned flag over the groups, once (visible to all after the
+    // barriers below).
+    if tid < TILE {
+        var mt = MASKED;
+        var poisoned = 0u;
+        for (var g = 0u; g < NG; g++) {
+            mt = max(mt, grp_m[g * TILE + tid]);
+            poisoned |= grp_bad[g * TILE + tid];
+        }
+        var lt = 0.0;
+        for (var g = 0u; g < NG; g++) {
+            lt = fma(grp_l[g * TILE + tid], exp(grp_m[g * TILE + tid] - mt), lt);
+        }
+        row_m[tid] = mt;
+        row_l[tid] = lt;
+        row_bad[tid] = poisoned;
+    }
     for (var g = 0u; g < NG; g++) {
         if grp == g {
-            for (var c = 0u; c < CHV; c++) {
-                for (var p = 0u; p < QV; p++) {
+            for (var c = 0u; c < CHV; c++) { // @unroll
+                for (var p = 0u; p < QV; p++) { // @unroll
                     let col = (lane + c * KEY_LANES) * QV + p;
                     if col < dv4 {
-                        for (var t = 0u; t < TILE; t++) {
+                        for (var t = 0u; t < TILE; t++) { // @unroll
                             let a = (t * CHV + c) * QV + p;
                             let i = t * dv4 + col;
                             if g == 0u {
@@ -343,17 +376,9 @@ fn attend(wid: vec3<u32>, tid: u32) {
     for (var i = tid; i < it.n_rows * dv4; i += WG) {
         let t = i / dv4;
         let c = i % dv4;
-        var mt = MASKED;
-        var row_bad = 0u;
-        for (var g = 0u; g < NG; g++) {
-            mt = max(mt, grp_m[g * TILE + t]);
-            row_bad |= grp_bad[g * TILE + t];
-        }
-        var lt = 0.0;
-        for (var g = 0u; g < NG; g++) {
-            lt = fma(grp_l[g * TILE + t], exp(grp_m[g * TILE + t] - mt), lt);
-        }
-        let poisoned = row_bad != 0u;
+        let mt = row_m[t];
+        let lt = row_l[t];
+        let poisoned = row_bad[t] != 0u;
         let o = comb[i] * (select(0.0, 1.0 / lt, lt > 0.0) * v_tensor);
         o_part[(out_base + t) * dv4 + c] = select(o, vec4<f32>(nan), poisoned);
         if c == 0u {

@@ -121,11 +121,16 @@ pub fn kernel_constants(kernel: Kernel, precision: Precision) -> Vec<Constants> 
 /// Override-constant sets the naga tests specialize `variant` with: its kernel's
 /// ([`kernel_constants`]), or for a written-out lanes kernel the one set of its shape.
 pub fn representative_constants(variant: &ShaderVariant) -> Vec<Constants> {
-    match variant.lanes {
-        Some(shape) => crate::attention::paged::lanes_constants_for(shape, variant.precision)
+    match (variant.lanes, variant.unroll) {
+        (Some(shape), _) => crate::attention::paged::lanes_constants_for(shape, variant.precision)
             .into_iter()
             .collect(),
-        None => kernel_constants(variant.kernel, variant.precision),
+        // A written-out workgroup kernel takes only the sets of its own shape.
+        (None, Some(shape)) => kernel_constants(variant.kernel, variant.precision)
+            .into_iter()
+            .filter(|set| crate::attention::paged::shape_of_constants(set) == shape)
+            .collect(),
+        (None, None) => kernel_constants(variant.kernel, variant.precision),
     }
 }
 
@@ -157,12 +162,27 @@ pub fn all_variants() -> Vec<ShaderVariant> {
                             }),
                     );
                 } else if kernel == Kernel::Paged {
-                    // With the exact integer f16 decoder and with unpack2x16float.
+                    // With its loops and written out for each representative shape (the form
+                    // plans run), with the exact integer f16 decoder and, alternately, with
+                    // unpack2x16float.
                     variants.push(base);
                     variants.push(ShaderVariant {
                         f16_convert: true,
                         ..base
                     });
+                    let mut shapes: Vec<_> = kernel_constants(kernel, precision)
+                        .iter()
+                        .map(|set| crate::attention::paged::shape_of_constants(set))
+                        .collect();
+                    shapes.sort();
+                    shapes.dedup();
+                    for (i, shape) in shapes.into_iter().enumerate() {
+                        variants.push(ShaderVariant {
+                            unroll: Some(shape),
+                            f16_convert: i % 2 == 1,
+                            ..base
+                        });
+                    }
                 } else {
                     variants.push(base);
                 }

@@ -219,6 +219,104 @@ impl Kernel {
     }
 }
 
+/// The shape the workgroup attention kernel ([`Kernel::Paged`]) is written out for: the bounds
+/// of its `@unroll` loops (rows per tile; chunks per lane and vec4 columns per chunk of a K row,
+/// an MLA RoPE key and a value row). The override constants of the same names must agree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PagedShape {
+    /// `TILE`.
+    pub tile: u8,
+    /// `CHK` and `QK`.
+    pub k: (u8, u8),
+    /// `CHR` and `QR`.
+    pub rope: (u8, u8),
+    /// `CHV` and `QV`.
+    pub v: (u8, u8),
+}
+
+impl PagedShape {
+    /// `t4 k2x2 r0x2 v2x2` (for shader names).
+    pub fn name(&self) -> String {
+        format!(
+            "t{} k{}x{} r{}x{} v{}x{}",
+            self.tile, self.k.0, self.k.1, self.rope.0, self.rope.1, self.v.0, self.v.1
+        )
+    }
+
+    /// The bounds of the `@unroll` loops by name.
+    fn bounds(&self) -> [(&'static str, u32); 8] {
+        [
+            ("TILE", u32::from(self.tile)),
+            ("ROW_QUADS", u32::from(self.tile).div_ceil(4)),
+            ("CHK", u32::from(self.k.0)),
+            ("QK", u32::from(self.k.1)),
+            ("CHR", u32::from(self.rope.0)),
+            ("QR", u32::from(self.rope.1)),
+            ("CHV", u32::from(self.v.0)),
+            ("QV", u32::from(self.v.1)),
+        ]
+    }
+}
+
+/// `src` with every loop `for (var x = 0u; x < BOUND; x++) { // @unroll` whose BOUND is named
+/// in `bounds` written out: one block per value, each declaring `const x = <value>u;`. Loops of
+/// other bounds stay. The loop's body must not `break` or `continue`.
+pub fn unroll(src: &str, bounds: &[(&str, u32)]) -> String {
+    let lines: Vec<&str> = src.lines().collect();
+    let mut out = String::with_capacity(src.len() * 4);
+    unroll_lines(&lines, bounds, &mut out);
+    out
+}
+
+/// The loop variable and bound of an `@unroll` loop header.
+fn unroll_header(line: &str) -> Option<(&str, &str)> {
+    let code = line.strip_suffix("// @unroll")?.trim();
+    let rest = code.strip_prefix("for (var ")?.strip_suffix(") {")?;
+    let (var, rest) = rest.split_once(" = 0u; ")?;
+    let (lhs, rest) = rest.split_once(" < ")?;
+    let (bound, step) = rest.split_once("; ")?;
+    (lhs == var && step == format!("{var}++")).then_some((var, bound))
+}
+
+/// Net `{` minus `}` of a line, comments left out.
+fn brace_depth(line: &str) -> i64 {
+    let code = line.split("//").next().unwrap_or("");
+    code.matches('{').count() as i64 - code.matches('}').count() as i64
+}
+
+fn unroll_lines(lines: &[&str], bounds: &[(&str, u32)], out: &mut String) {
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let header = unroll_header(line.trim_end())
+            .and_then(|(var, bound)| Some((var, bounds.iter().find(|b| b.0 == bound)?.1)));
+        let Some((var, n)) = header else {
+            out.push_str(line);
+            out.push('\n');
+            i += 1;
+            continue;
+        };
+        // The loop's closing line: where the braces opened by the header close.
+        let mut depth = brace_depth(line);
+        let mut end = i + 1;
+        while end < lines.len() {
+            depth += brace_depth(lines[end]);
+            if depth <= 0 {
+                break;
+            }
+            end += 1;
+        }
+        let indent = &line[..line.len() - line.trim_start().len()];
+        let body = &lines[i + 1..end.min(lines.len())];
+        for k in 0..n {
+            out.push_str(&format!("{indent}{{\n{indent}    const {var} = {k}u;\n"));
+            unroll_lines(body, bounds, out);
+            out.push_str(&format!("{indent}}}\n"));
+        }
+        i = end + 1;
+    }
+}
+
 /// One composable shader: a kernel in a precision, with portable or subgroup reductions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ShaderVariant {
@@ -231,6 +329,9 @@ pub struct ShaderVariant {
     pub subgroups: bool,
     /// The shape the lanes attention kernel is written out for ([`Kernel::PagedLanes`] only).
     pub lanes: Option<LanesShape>,
+    /// The shape the workgroup attention kernel is written out for ([`Kernel::Paged`] only;
+    /// `None` keeps its loops).
+    pub unroll: Option<PagedShape>,
     /// f16 values are converted with `unpack2x16float` ([`Kernel::Paged`] only; needs
     /// [`wgpu::DownlevelFlags::SHADER_F16_IN_F32`] and a passed f16 check,
     /// [`Capabilities::f16_unpack_exact`](crate::gpu::Capabilities::f16_unpack_exact)).
@@ -245,6 +346,7 @@ impl ShaderVariant {
             precision,
             subgroups: false,
             lanes: None,
+            unroll: None,
             f16_convert: false,
         }
     }
@@ -268,6 +370,7 @@ impl ShaderVariant {
         let lanes = self
             .lanes
             .map(|l| format!("[{}]", l.name()))
+            .or_else(|| self.unroll.map(|u| format!("[{}]", u.name())))
             .unwrap_or_default();
         format!(
             "{}/{}{sg}{lanes}",
@@ -310,7 +413,10 @@ impl ShaderVariant {
                 LIB_ROWS_PORTABLE
             });
         }
-        src
+        match self.unroll {
+            Some(shape) => unroll(&src, &shape.bounds()),
+            None => src,
+        }
     }
 
     /// Whether the variant converts f16 with `unpack2x16float` (naga's
@@ -331,5 +437,27 @@ impl ShaderVariant {
             features |= wgpu::Features::SUBGROUP;
         }
         features
+    }
+}
+
+#[cfg(test)]
+mod unroll_tests {
+    use super::unroll;
+
+    #[test]
+    fn marked_loops_with_known_bounds_are_written_out() {
+        let src = "fn f() {\n    for (var t = 0u; t < TILE; t++) { // @unroll\n        for (var c = 0u; c < CH; c++) { // @unroll\n            a[t * 2u + c] = 1.0;\n        }\n        b[t] = 2.0;\n    }\n    for (var i = 0u; i < N; i++) { // @unroll\n        x += 1.0;\n    }\n    for (var z = 0u; z < ZERO; z++) { // @unroll\n        y = 0.0;\n    }\n}\n";
+        let out = unroll(src, &[("TILE", 2), ("CH", 3), ("ZERO", 0)]);
+        // 2 x 3 inner bodies and 2 outer tails; the unknown bound N keeps its loop; ZERO none.
+        assert_eq!(out.matches("a[t * 2u + c] = 1.0;").count(), 6);
+        assert_eq!(out.matches("b[t] = 2.0;").count(), 2);
+        assert_eq!(out.matches("const t = 1u;").count(), 1);
+        assert_eq!(out.matches("const c = 2u;").count(), 2);
+        assert!(out.contains("for (var i = 0u; i < N; i++) { // @unroll"));
+        assert!(!out.contains("y = 0.0;"));
+        assert_eq!(out.matches('{').count(), out.matches('}').count());
+        // Unmarked or malformed headers stay as they are.
+        let plain = "for (var t = 0u; t < TILE; t++) {\n}\n";
+        assert_eq!(unroll(plain, &[("TILE", 4)]), plain);
     }
 }

@@ -2,10 +2,8 @@
 // KEY_LANES lanes of a group, in core WGSL, and the kernel's entry point. The subgroup variant
 // (rows_subgroup.wgsl) computes the same sums with shuffles; both add in the butterfly's order
 // (at step o = KEY_LANES / 2, ..., 1, lane i takes x_i + x_(i xor o)), so their bits agree.
-// Uses the kernel's TILE, WG, KEY_LANES, MAX_TILE and `attend`.
+// Uses the kernel's ROW_QUADS, WG, KEY_LANES, MAX_TILE and `attend`.
 
-// vec4 slots per invocation (four rows each).
-override ROW_QUADS: u32 = (TILE + 3u) / 4u;
 override LANE_PARTS: u32 = 2u * WG * ROW_QUADS;
 // Two halves, used alternately: one barrier per call is enough (a half is written again only
 // after every invocation passed the next call's barrier, so after it read the half).
@@ -18,14 +16,14 @@ fn lanes_sum_rows(d: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
     let at = lane_half * WG * ROW_QUADS;
     lane_half ^= 1u;
     let tid = local_tid;
-    for (var r = 0u; r < ROW_QUADS; r++) {
+    for (var r = 0u; r < ROW_QUADS; r++) { // @unroll
         let t = 4u * r;
         lane_parts[at + tid * ROW_QUADS + r] = vec4<f32>(d[t], d[t + 1u], d[t + 2u], d[t + 3u]);
     }
     workgroupBarrier();
     let first = tid - tid % KEY_LANES;
     var out: array<f32, MAX_TILE>;
-    for (var r = 0u; r < ROW_QUADS; r++) {
+    for (var r = 0u; r < ROW_QUADS; r++) { // @unroll
         var x: array<vec4<f32>, 32>;
         for (var i = 0u; i < KEY_LANES; i++) {
             x[i] = lane_parts[at + (first + i) * ROW_QUADS + r];

@@ -16,7 +16,7 @@ var<workgroup> lanes_unpacked: atomic<u32>;
 
 fn lanes_sum_rows(d: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
     var out: array<f32, MAX_TILE>;
-    for (var r = 0u; r < (TILE + 3u) / 4u; r++) {
+    for (var r = 0u; r < ROW_QUADS; r++) { // @unroll
         let t = 4u * r;
         var x = vec4<f32>(d[t], d[t + 1u], d[t + 2u], d[t + 3u]);
         for (var o = KEY_LANES / 2u; o > 0u; o /= 2u) {

@@ -56,6 +56,9 @@ const MAX_KEY_LANES: u32 = 32;
 pub const BOUND_POOL_BUFFERS: usize = 2;
 /// Invocations per workgroup the workgroup kernel asks for at most.
 const MAX_WG: u32 = 256;
+/// Lane groups per workgroup at most: the groups combine one after the other at the end, and
+/// a 512-key split gives each of 8 groups 64 keys, enough to outweigh that.
+const MAX_GROUPS: u32 = 8;
 /// Words of one work item, one sequence record and one merge tile in the metadata buffer.
 pub(super) const ITEM_WORDS: usize = 8;
 pub(super) const SEQ_WORDS: usize = 4;
@@ -193,7 +196,7 @@ impl WorkgroupLayout {
         // Workgroup memory of a tile of `t` rows with `wg` invocations (paged.wgsl's arrays).
         let bytes = |wg: u32, t: usize| {
             let groups = (wg / key_lanes) as usize;
-            let mut b = t * dv4 * 16 + 3 * groups * t * 4;
+            let mut b = t * dv4 * 16 + 3 * groups * t * 4 + 3 * MAX_TILE * 4;
             if !subgroups {
                 b += 2 * wg as usize * t.div_ceil(4) * 16;
             } else {
@@ -203,7 +206,7 @@ impl WorkgroupLayout {
         };
         let limit = fit.workgroup_storage as usize;
         let mut wg = MAX_WG.min(fit.max_invocations.max(1));
-        wg = 1 << (31 - wg.leading_zeros());
+        wg = (1 << (31 - wg.leading_zeros())).min(key_lanes * MAX_GROUPS);
         // The same invocations with or without shuffles (the workgroup memory allowing), so
         // that the two sums give the same bits for the same lanes.
         wg = wg.max(key_lanes);
@@ -230,6 +233,23 @@ impl WorkgroupLayout {
                 });
             }
             wg /= 2;
+        }
+    }
+
+    /// The shape the kernel is written out for with tiles of `tile` rows (the bounds of its
+    /// `@unroll` loops; [`ShaderVariant::unroll`](crate::shader::ShaderVariant::unroll)).
+    pub fn shape(&self, tile: usize) -> crate::shader::PagedShape {
+        let per = |i: usize| {
+            (
+                self.chunks[i].div_ceil(self.key_lanes) as u8,
+                self.columns[i] as u8,
+            )
+        };
+        crate::shader::PagedShape {
+            tile: tile as u8,
+            k: per(0),
+            rope: per(2),
+            v: per(1),
         }
     }
 
@@ -450,6 +470,24 @@ fn workgroup_set(
     let layout = WorkgroupLayout::new(shape, &geometry, &fit)
         .expect("the representative shapes fit the baseline limits");
     constants(shape, layout.full_tile, &k, &v, mla, Some(&layout))
+}
+
+/// The shape ([`crate::shader::PagedShape`]) a set of the workgroup kernel's override constants
+/// describes (its `TILE`, chunks over `KEY_LANES` and columns), as the plan writes it out.
+pub fn shape_of_constants(set: &[(&'static str, f64)]) -> crate::shader::PagedShape {
+    let get = |name: &str| {
+        set.iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0, |c| c.1 as u32)
+    };
+    let lanes = get("KEY_LANES").max(1);
+    let per = |chunks: u32, columns: u32| (chunks.div_ceil(lanes) as u8, columns as u8);
+    crate::shader::PagedShape {
+        tile: get("TILE") as u8,
+        k: per(get("K_CH"), get("QK")),
+        rope: per(get("R_CH"), get("QR")),
+        v: per(get("V_CH"), get("QV")),
+    }
 }
 
 /// Shapes and override constants the naga tests validate for the lanes kernel: the workgroup
@@ -704,7 +742,7 @@ mod tests {
             &gpu,
         )
         .unwrap();
-        assert_eq!((l.key_lanes, l.wg, l.subgroups), (16, 256, true));
+        assert_eq!((l.key_lanes, l.wg, l.subgroups), (16, 128, true));
         assert_eq!(l.chunks, [16, 16, 0]);
         assert_eq!(l.full_tile, 16);
         // int8 rows of 128 are 8 chunks; MLA's fp8 latent (32 chunks) with its bf16 RoPE key.
@@ -744,7 +782,7 @@ mod tests {
             &DeviceFit::BASELINE,
         )
         .unwrap();
-        assert_eq!((l.key_lanes, l.subgroups, l.wg), (16, false, 256));
+        assert_eq!((l.key_lanes, l.subgroups, l.wg), (16, false, 128));
     }
 
     #[test]

@@ -616,7 +616,15 @@ impl PagedAttentionPlan {
         let constants = match kernel {
             Kernel::Merge => crate::attention::merge::constants(&f.shape, f.tile),
             Kernel::PagedLanes => lanes_constants(attention(None), f.tile),
-            _ => attention(f.layout.as_ref()),
+            _ => {
+                let mut set = attention(f.layout.as_ref());
+                if kernel == Kernel::Paged {
+                    // Both slots are read only where a pool of two buffers is bound whole.
+                    let two = f.binds_whole_pool() && f.geometry.num_buffers > 1;
+                    set.push(("POOL_SLOTS", if two { 2.0 } else { 1.0 }));
+                }
+                set
+            }
         };
         let subgroups =
             kernel.has_subgroup_variant() && f.layout.is_some_and(|layout| layout.subgroups);
@@ -625,6 +633,11 @@ impl PagedAttentionPlan {
             _ => ShaderVariant {
                 subgroups,
                 f16_convert: kernel == Kernel::Paged && self.f16_convert,
+                unroll: if kernel == Kernel::Paged {
+                    f.layout.map(|layout| layout.shape(f.tile))
+                } else {
+                    None
+                },
                 ..ShaderVariant::new(kernel, precision)
             },
         };
