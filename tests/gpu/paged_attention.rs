@@ -294,13 +294,18 @@ fn paged_decode_and_prefill_match_reference_on_grid() {
         (256, 256),
         (192, 128),
     ];
-    let block_sizes = [1usize, 8, 16, 32, 128];
+    let block_sizes = [1usize, 8, 16, 32, 128, 256];
     let dtypes = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
     let mut cases = 0;
     let mut worst = Worst::default();
+    // GL (llvmpipe, the second backend in CI) runs every other point of the grid.
+    let every = if ctx.adapter().backend == "gl" { 2 } else { 1 };
     for (i, &(dk, dv)) in dims.iter().enumerate() {
         for (j, &(hq, hkv)) in heads.iter().enumerate() {
             let n = i * heads.len() + j;
+            if n % every != 0 {
+                continue;
+            }
             let bs = block_sizes[n % block_sizes.len()];
             let dtype = dtypes[n % dtypes.len()];
             let shape = AttentionShape {
@@ -358,7 +363,9 @@ fn paged_decode_and_prefill_match_reference_on_grid() {
             }
         }
     }
-    eprintln!("paged grid: {cases} cases; worst error / output scale: {worst:?}");
+    eprintln!(
+        "paged grid: {cases} cases (one point in {every}); worst error / output scale: {worst:?}"
+    );
 }
 
 #[test]
