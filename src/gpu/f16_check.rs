@@ -1,7 +1,7 @@
 //! The f16 check: before any kernel converts f16 with `unpack2x16float`, a context runs every
 //! one of the 65,536 f16 bit patterns through it on the device (`shaders/f16_check.wgsl`) and
 //! compares each with the exact integer decoder of the CPU codec
-//! ([`f16_bits_to_f32`](crate::quant::f16::f16_bits_to_f32)). Drivers may flush f16
+//! ([`f16_bits_to_f32`]). Drivers may flush f16
 //! subnormals to zero, which would change results silently; a context whose device differs
 //! anywhere keeps the integer decoder
 //! ([`Capabilities::f16_unpack_exact`](super::Capabilities::f16_unpack_exact) is false).
