@@ -9,7 +9,9 @@
 // Rows past `n_rows` repeat the last row and are computed but never written.
 //
 // Work items. The host plans, per (sequence, tile), the key range the tile can see, cut at fixed
-// token splits (split-K, the same for every batch). A workgroup serves one (work item, KV head)
+// token splits (split-K, the same for every batch). A pool of one or two buffers is bound whole
+// (two slots); over more, each dispatch binds one buffer and items are also cut where a
+// sequence's blocks change buffer. A workgroup serves one (work item, KV head)
 // and writes a partial (o, lse) per row, merged in key order by merge.wgsl (which also adds the
 // sinks).
 //
@@ -123,12 +125,13 @@ fn kv_word(which: u32, i: u32) -> u32 {
 // kv_half2 (two f16 values of a word) comes from lib/half2_exact.wgsl or lib/half2_convert.wgsl
 // (ShaderVariant::f16_convert).
 
-// Chunk ci (words 4ci .. 4ci + 3) of pool row `row` of pool `which`, of `words` words; words
-// past the row read as 0.
-fn pool_chunk(which: u32, row: u32, ci: u32, words: u32) -> vec4<u32> {
+// Chunk ci (words 4ci .. 4ci + 3) of pool row `row` of pool `which`; words past the row read
+// as 0.
+fn pool_chunk(which: u32, row: u32, ci: u32) -> vec4<u32> {
     if WIDE {
         return pool_vec4(which, kv_row_base(which, row) / 4u + ci);
     }
+    let words = kv_wpr(which);
     let base = kv_row_base(which, row) + ci * 4u;
     var w = vec4<u32>(0u);
     for (var e = 0u; e < 4u; e++) {
@@ -137,6 +140,15 @@ fn pool_chunk(which: u32, row: u32, ci: u32, words: u32) -> vec4<u32> {
         }
     }
     return w;
+}
+
+// The (scale, min) that chunk ci of an int4 row is decoded with (a chunk is one scale group);
+// (0, 0) for the other formats, for which kv_quad_of does not read it.
+fn chunk_group(which: u32, row: u32, ci: u32) -> vec2<f32> {
+    if kv_dtype_of(which) == KV_INT4 {
+        return kv_int4_group(which, row, ci);
+    }
+    return vec2<f32>(0.0);
 }
 
 // d + q . k, in a fixed order.
@@ -160,9 +172,6 @@ fn attend(wid: vec3<u32>, tid: u32) {
     let bs_mask = params.block_size - 1u;
     let lane = tid % KEY_LANES;
     let grp = tid / KEY_LANES;
-    let k_words = kv_wpr(0u);
-    let v_words = kv_wpr(value_pool());
-    let r_words = kv_wpr(1u);
     let r_at = TILE * CHK * QK;
 
     // The lane's query columns of every row, its rows' positions and slopes, running states.
@@ -229,11 +238,8 @@ fn attend(wid: vec3<u32>, tid: u32) {
         for (var c = 0u; c < CHK; c++) { // @unroll
             let ci = lane + c * KEY_LANES;
             if ci < K_CH {
-                let w = pool_chunk(kp, row, ci, k_words);
-                var sm = vec2<f32>(0.0);
-                if K_DTYPE == KV_INT4 {
-                    sm = kv_int4_group(kp, row, ci);
-                }
+                let w = pool_chunk(kp, row, ci);
+                let sm = chunk_group(kp, row, ci);
                 for (var p = 0u; p < QK; p++) { // @unroll
                     let k = vec4<f32>(real4(kv_quad_of(K_DTYPE, w, p, sm)));
                     for (var t = 0u; t < TILE; t++) { // @unroll
@@ -250,7 +256,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
         for (var c = 0u; c < CHR; c++) { // @unroll
             let ci = lane + c * KEY_LANES;
             if ci < R_CH {
-                let w = pool_chunk(kp + 1u, row, ci, r_words);
+                let w = pool_chunk(kp + 1u, row, ci);
                 for (var p = 0u; p < QR; p++) { // @unroll
                     let k = vec4<f32>(real4(kv_quad_of(V_DTYPE, w, p, vec2<f32>(0.0))));
                     for (var t = 0u; t < TILE; t++) { // @unroll
@@ -291,11 +297,8 @@ fn attend(wid: vec3<u32>, tid: u32) {
         for (var c = 0u; c < CHV; c++) { // @unroll
             let ci = lane + c * KEY_LANES;
             if ci < V_CH {
-                let w = pool_chunk(vp, row, ci, v_words);
-                var sm = vec2<f32>(0.0);
-                if v_dtype == KV_INT4 {
-                    sm = kv_int4_group(vp, row, ci);
-                }
+                let w = pool_chunk(vp, row, ci);
+                let sm = chunk_group(vp, row, ci);
                 for (var p = 0u; p < QV; p++) { // @unroll
                     let v = vec4<f32>(real4(kv_quad_of(v_dtype, w, p, sm)));
                     for (var t = 0u; t < TILE; t++) { // @unroll

@@ -100,6 +100,17 @@ pub fn test_attention_kernel() -> Option<kvattn::gpu::AttentionKernel> {
     }
 }
 
+/// One point in how many of the big GPU grids a test runs on `ctx`: all on Vulkan, one in two on
+/// GL (llvmpipe, the second backend in CI, where the workgroup attention kernel takes the
+/// portable sums with a barrier per step). Every point still runs on the first backend.
+pub fn grid_stride(ctx: &Context) -> usize {
+    if ctx.adapter().backend == "gl" {
+        2
+    } else {
+        1
+    }
+}
+
 /// A second context on the same adapter whose storage bindings are capped at 64 KiB, so every
 /// pool splits over several buffers and the split path runs in every test that uses it.
 pub fn gpu_capped() -> &'static Context {
