@@ -189,6 +189,14 @@ impl Capabilities {
 /// belong to the application, and kvattn's own errors still come back through its scopes.
 /// When the device is lost (or destroyed with `device.destroy()`), every later call returns
 /// [`Error::DeviceLost`]; a destroyed device is noticed at the next wait, readback or upload.
+///
+/// # Threads
+/// A context is `Send + Sync`: threads may share one, each with its own caches and plans. On
+/// GL, wgpu guards the one GL context with a lock it waits on for only a few seconds before
+/// panicking, and holds it through every compilation, submission and wait; so on GL a context
+/// lets one thread at a time into the device calls it makes, and the others queue without a
+/// timeout. An application's own calls on [`Context::device`] and drops of buffers do not
+/// queue there: on GL, keep each of those off threads that may wait behind a long submission.
 pub struct Context {
     /// The wgpu device.
     pub device: wgpu::Device,
@@ -204,6 +212,8 @@ pub struct Context {
     pub(crate) pending: Mutex<Pending>,
     /// Whether kvattn opened the device (and so installed its error and loss handlers).
     owns_device: bool,
+    /// One thread at a time in the device calls on GL (see [`super::serial`]).
+    pub(crate) serial: super::serial::DeviceSerial,
 }
 
 /// What wgpu reported outside kvattn's error scopes, shared with the device's callbacks: device
@@ -496,6 +506,7 @@ impl Context {
             counters: AtomicCounters::default(),
             pending: Mutex::new(Pending::default()),
             owns_device: false,
+            serial: super::serial::DeviceSerial::new(info.backend == wgpu::Backend::Gl),
         };
         if ctx.caps.f16_in_f32 {
             // A failed or inexact check keeps the integer decoder: never a reason to refuse.
@@ -527,13 +538,15 @@ impl Context {
     /// (naming `what`) instead of a panic in wgpu's default handler. Fails with
     /// [`Error::DeviceLost`] without running `f` when the device is known to be lost, and after
     /// it when the device was lost meanwhile (an error in the scope waits for the queue to find
-    /// out whether the device is lost).
+    /// out whether the device is lost). On GL, `f` runs while this thread alone is inside the
+    /// context's device calls (wgpu's GL context lock panics after a short wait, so the
+    /// context queues its threads itself); `f` must not wait for another thread's kvattn work.
     pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T> {
         self.check_lost()?;
         let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let value = f();
+        let value = self.serial.run(f);
         let validation = pollster::block_on(validation.pop());
         let oom = pollster::block_on(oom.pop());
         let internal = pollster::block_on(internal.pop());
@@ -567,8 +580,9 @@ impl Context {
     /// marked lost, so this returns [`Error::DeviceLost`] (wgpu's panic message is still printed
     /// by the panic hook, and nothing is caught under `panic = "abort"`).
     pub(crate) fn poll(&self, poll: wgpu::PollType) -> Result<wgpu::PollStatus> {
-        let polled =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.device.poll(poll)));
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.serial.run(|| self.device.poll(poll))
+        }));
         match polled {
             Ok(Ok(status)) => {
                 self.check_lost()?;

@@ -9,6 +9,7 @@ mod layout;
 mod readback;
 mod record;
 mod sentinel;
+mod serial;
 mod timing;
 
 pub(crate) use buffer::check_storage;

@@ -136,7 +136,7 @@ impl Readback {
         })?;
         let out = bytemuck::pod_collect_to_vec(&view[..bytes as usize]);
         drop(view);
-        self.staging.unmap();
+        ctx.serial.run(|| self.staging.unmap());
         Ok(out)
     }
 
@@ -161,12 +161,14 @@ impl Context {
     ) -> Result<()> {
         let state = Arc::new(Mutex::new(MapState::default()));
         let filled = Arc::clone(&state);
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let mut s = filled.lock().unwrap_or_else(PoisonError::into_inner);
-            s.result = Some(r);
-            if let Some(w) = s.waker.take() {
-                w.wake();
-            }
+        self.serial.run(|| {
+            staging.map_async(wgpu::MapMode::Read, .., move |r| {
+                let mut s = filled.lock().unwrap_or_else(PoisonError::into_inner);
+                s.result = Some(r);
+                if let Some(w) = s.waker.take() {
+                    w.wake();
+                }
+            })
         });
         #[cfg(not(target_arch = "wasm32"))]
         self.poll(wgpu::PollType::Wait {

@@ -136,7 +136,7 @@ impl Context {
         let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let value = f();
+        let value = self.serial.run(f);
         let futures: Vec<ScopeFuture> = vec![
             Box::pin(validation.pop()),
             Box::pin(oom.pop()),

@@ -9,7 +9,7 @@ use kvattn::reference;
 use kvattn::shader::Precision;
 use kvattn::Error;
 
-use crate::common::{gpu, max_abs_err, option_sets, output_scale, Rng, Worst};
+use crate::common::{gpu, grid_stride, max_abs_err, option_sets, output_scale, Rng, Worst};
 
 const CONTEXTS: [usize; 4] = [1, 17, 97, 1000];
 
@@ -178,7 +178,14 @@ fn decode_matches_reference_on_grid() {
             };
             let case = Case::new(shape, &CONTEXTS, (d * 31 + hi) as u64);
             let opts = AttentionOptions::default();
-            for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+            for (ti, dtype) in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16]
+                .into_iter()
+                .enumerate()
+            {
+                // One point in `grid_stride` on the second backend; all of them on the first.
+                if (((d / 16) * HEADS.len() + hi) * 3 + ti) % grid_stride(ctx) != 0 {
+                    continue;
+                }
                 // The reference sees exactly the values stored in the cache.
                 let (k, v) = (round_to(dtype, &case.k), round_to(dtype, &case.v));
                 let batch = RaggedBatch {

@@ -15,7 +15,7 @@ use kvattn::reference::AttentionOutput;
 use kvattn::shader::Precision;
 use kvattn::Error;
 
-use crate::common::{gpu, gpu_capped, max_abs_err, output_scale, Rng, Worst};
+use crate::common::{gpu, gpu_capped, grid_stride, max_abs_err, output_scale, Rng, Worst};
 
 /// A batch on the host: per sequence (len_q, len_k), its latent rows and RoPE keys (token order),
 /// the queries and one layer's weights.
@@ -225,6 +225,7 @@ fn small_odd_shapes_both_paths_match_reference() {
     let lens = [(1, 1), (1, 37), (9, 40), (70, 70), (1, 130)];
     let mut worst = Worst::default();
     let mut cases = 0;
+    let mut point = 0;
     for (n, &latent) in latents.iter().enumerate() {
         let shape = shapes[n % shapes.len()];
         let b = HostMla::new(shape, &lens, 100 + n as u64);
@@ -242,6 +243,11 @@ fn small_odd_shapes_both_paths_match_reference() {
                 (MlaPath::UpProj, Some(23)),
                 (MlaPath::UpProj, None),
             ] {
+                // One point in `grid_stride` on the second backend; all of them on the first.
+                point += 1;
+                if point % grid_stride(ctx) != 0 {
+                    continue;
+                }
                 let got = b.run(ctx, &cache, path, precision, chunk);
                 let name = format!(
                     "{shape:?} {latent} bs{bs} {} {} chunk {chunk:?}",
