@@ -100,13 +100,19 @@ pub fn test_attention_kernel() -> Option<kvattn::gpu::AttentionKernel> {
     }
 }
 
+/// Whether `ctx` runs on GL (llvmpipe in CI), where the suites sample their big grids and
+/// build pipelines before racing threads (see `grid_stride` and `tests/gpu/threads.rs`).
+pub fn is_gl(ctx: &Context) -> bool {
+    ctx.adapter().backend == "gl"
+}
+
 /// One point in how many of the big GPU grids a test runs on `ctx`: all on Vulkan, one in four
 /// on GL (llvmpipe, the second backend in CI, where compiling each new written-out variant takes
 /// seconds and the workgroup attention kernel takes the portable sums with a barrier per step).
 /// Every point still runs on the first backend; each grid picks its points so that every format
 /// and kernel still occurs on the second.
 pub fn grid_stride(ctx: &Context) -> usize {
-    if ctx.adapter().backend == "gl" {
+    if is_gl(ctx) {
         4
     } else {
         1

@@ -173,7 +173,7 @@ fn the_toy_experiment_reports_matching_tokens_and_formula_cache_bytes() {
     let ctx = gpu();
     // Shorter generations on GL (the second backend in CI), whose synchronous submissions make
     // the recomputing runs slow there; the same checks hold at both.
-    let lengths = if ctx.adapter().backend == "gl" {
+    let lengths = if crate::common::is_gl(ctx) {
         vec![24, 48]
     } else {
         vec![40, 72]

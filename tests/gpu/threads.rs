@@ -207,19 +207,18 @@ fn one_context_from_four_threads_matches_sequential_bits() {
     // context lock through each compilation (seconds on llvmpipe with a cold shader cache), and
     // a buffer dropped meanwhile on another thread waits for it at most six seconds, then
     // panics. kvattn's own device calls queue (src/gpu/serial.rs); drops cannot. The race to
-    // build the pipelines runs on the other backends.
-    if ctx.adapter().backend == "gl" {
-        for job in JOBS.iter() {
-            work(&ctx, job);
-        }
-    }
+    // build the pipelines runs on the other backends. Those sequential runs are then the ones
+    // the threads are compared with.
+    let sequential_first: Option<Vec<Outcome>> =
+        crate::common::is_gl(&ctx).then(|| JOBS.iter().map(|job| work(&ctx, job)).collect());
     let threaded: Vec<Outcome> = std::thread::scope(|s| {
         let handles: Vec<_> = JOBS.iter().map(|job| s.spawn(|| work(&ctx, job))).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     ctx.wait().unwrap();
-    for (job, got) in JOBS.iter().zip(&threaded) {
-        let want = work(&ctx, job);
+    let sequential =
+        sequential_first.unwrap_or_else(|| JOBS.iter().map(|job| work(&ctx, job)).collect());
+    for ((job, got), want) in JOBS.iter().zip(&threaded).zip(&sequential) {
         assert!(!want.attention.is_empty() && !want.rows.is_empty());
         assert_eq!(got.attention.len(), want.attention.len(), "{:?}", job.dtype);
         let differ = got
