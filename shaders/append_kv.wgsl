@@ -6,9 +6,10 @@
 // rows: pairs (source token index, global slot = block * block_size + offset), only slots whose
 //   block lives in this buffer (the host partitions them).
 // pool: blocks of R = Hkv * block_size rows, block `first_block` at word 0, each block
-//   R * (wpr + spr) words: first every row's values (row i = head * block_size + offset at word
-//   i * wpr), then every row's scale words (row i at word R * wpr + i * spr), as kv_load.wgsl
-//   reads them. Scale words: f32 bits of the row's scale (per-row FP8, int8); one word per group
+//   kv_block_words words (kv_format.wgsl: a multiple of 4): first every row's values (row
+//   i = head * block_size + offset at word i * stride, stride = kv_row_stride, wpr rounded up to
+//   4), then every row's scale words (row i at word R * stride + i * spr), as kv_load.wgsl reads
+//   them; the padding words are never written. Scale words: f32 bits of the row's scale (per-row FP8, int8); one word per group
 //   of 32 values, f16 scale low and f16 min high (int4). Per-tensor FP8 has none: its scale and
 //   reciprocal are in `tensor`.
 // One workgroup per (KV head, row entry); its invocations write the row's words.
@@ -124,11 +125,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let offset = slot % params.block_size;
     let wpr = kv_words_per_row(DST_DTYPE, DIM);
     let spr = kv_scale_words_per_row(DST_DTYPE, DIM, PER_TENSOR);
+    let stride = kv_row_stride(DST_DTYPE, DIM);
     let block_rows = params.num_kv_heads * params.block_size;
     let row = h * params.block_size + offset;
-    let block_base = block * block_rows * (wpr + spr);
-    let dst = block_base + row * wpr;
-    let scale_dst = block_base + block_rows * wpr + row * spr;
+    let block_base = block * kv_block_words(DST_DTYPE, DIM, PER_TENSOR, block_rows);
+    let dst = block_base + row * stride;
+    let scale_dst = block_base + block_rows * stride + row * spr;
     let e0 = (token * params.num_kv_heads + h) * DIM;
 
     // Per-row FP8 and int8: the row's amax, reduced in workgroup memory.

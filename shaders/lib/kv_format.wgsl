@@ -129,3 +129,17 @@ fn kv_scale_words_per_row(dtype: u32, dim: u32, per_tensor: bool) -> u32 {
     }
 }
 
+
+// Words from one value row of a pool block to the next (KvDtype::row_stride): the row's words
+// rounded up to a multiple of 4, so every row starts on a 16-byte boundary.
+fn kv_row_stride(dtype: u32, dim: u32) -> u32 {
+    return (kv_words_per_row(dtype, dim) + 3u) & ~3u;
+}
+
+// Words of one pool block of `rows` token rows (KvDtype::block_words, the one definition of the
+// block stride): the rows' values kv_row_stride words apart, then their scale words back to
+// back, the whole rounded up to a multiple of 4 words.
+fn kv_block_words(dtype: u32, dim: u32, per_tensor: bool, rows: u32) -> u32 {
+    let spr = kv_scale_words_per_row(dtype, dim, per_tensor);
+    return (rows * (kv_row_stride(dtype, dim) + spr) + 3u) & ~3u;
+}

@@ -7,10 +7,12 @@
 //
 // Pool layout. A pool is an array<u32> of blocks; a block holds KV_BLOCK_ROWS token rows (KV
 // heads x slots, row r of the pool is row r % KV_BLOCK_ROWS of block r / KV_BLOCK_ROWS): first
-// the rows' values, `kv_words_per_row` words each, then the rows' scale words,
-// `kv_scale_words_per_row` each (f32 bits for per-row FP8 and int8; one word per group of 32
-// values for int4: f16 scale in the low half, f16 min in the high half). Formats without
-// per-row scales have no scale section, so row r's values start at word r * words_per_row.
+// the rows' values, each `kv_words_per_row` words padded to `kv_row_stride` (a multiple of 4),
+// then the rows' scale words, `kv_scale_words_per_row` each (f32 bits for per-row FP8 and int8;
+// one word per group of 32 values for int4: f16 scale in the low half, f16 min in the high
+// half), the block padded to `kv_block_words` (a multiple of 4): every block and every row
+// starts on a 16-byte boundary (kv_format.wgsl holds the rule). Formats without per-row scales
+// have no scale section, so row r's values start at word r * kv_row_stride.
 //
 // The including kernel MUST define:
 //   fn kv_word(which: u32, i: u32) -> u32   word i of the K (which even) or V (which odd) pool;
@@ -58,22 +60,30 @@ fn kv_spr(which: u32) -> u32 {
     return kv_scale_words_per_row(kv_dtype_of(which), kv_dim_of(which), kv_per_tensor_of(which));
 }
 
+// Words from one value row to the next of K or V.
+fn kv_stride(which: u32) -> u32 {
+    return kv_row_stride(kv_dtype_of(which), kv_dim_of(which));
+}
+
+// Words of one block of K or V.
+fn kv_block_stride(which: u32) -> u32 {
+    return kv_block_words(kv_dtype_of(which), kv_dim_of(which), kv_per_tensor_of(which),
+        KV_BLOCK_ROWS);
+}
+
 // First value word of pool row `row`.
 fn kv_row_base(which: u32, row: u32) -> u32 {
-    let wpr = kv_wpr(which);
-    let spr = kv_spr(which);
-    if spr == 0u {
-        return row * wpr;
+    let stride = kv_stride(which);
+    if kv_spr(which) == 0u {
+        return row * stride;
     }
-    return (row / KV_BLOCK_ROWS) * (KV_BLOCK_ROWS * (wpr + spr)) + (row % KV_BLOCK_ROWS) * wpr;
+    return (row / KV_BLOCK_ROWS) * kv_block_stride(which) + (row % KV_BLOCK_ROWS) * stride;
 }
 
 // First scale word of pool row `row` (meaningful only when the format has per-row scales).
 fn kv_scale_base(which: u32, row: u32) -> u32 {
-    let wpr = kv_wpr(which);
-    let spr = kv_spr(which);
-    return (row / KV_BLOCK_ROWS) * (KV_BLOCK_ROWS * (wpr + spr)) + KV_BLOCK_ROWS * wpr
-        + (row % KV_BLOCK_ROWS) * spr;
+    return (row / KV_BLOCK_ROWS) * kv_block_stride(which) + KV_BLOCK_ROWS * kv_stride(which)
+        + (row % KV_BLOCK_ROWS) * kv_spr(which);
 }
 
 // Whether K or V rows carry a scale of their own (per-row FP8, int8), as opposed to none, a

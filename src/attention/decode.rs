@@ -73,6 +73,22 @@ impl DecodeArgs<'_> {
         }
         self.k_dtype.check_head_dim(shape.head_dim_qk)?;
         self.v_dtype.check_head_dim(shape.head_dim_v)?;
+        // `[total_k, Hkv, d]` is a pool of one-token blocks only where rows need no 16-byte
+        // padding (`KvDtype::row_stride`).
+        for (dtype, d) in [
+            (self.k_dtype, shape.head_dim_qk),
+            (self.v_dtype, shape.head_dim_v),
+        ] {
+            if dtype.row_stride(d) != dtype.words_per_row(d) {
+                return Err(Error::UnsupportedHeadDim {
+                    head_dim: d,
+                    reason: format!(
+                        "the contiguous decode kernel reads {dtype} rows of whole 16-byte units: \
+                         a multiple of 8"
+                    ),
+                });
+            }
+        }
         if self.precision == Precision::F16 && !ctx.caps().shader_f16 {
             return Err(Error::MissingFeature("shader-f16"));
         }

@@ -28,7 +28,10 @@
 //! scale and an f16 min) per group of [`INT4_GROUP`] values for int4. A "row" is one KV head's
 //! `head_dim` values of one token in one layer, of K or of V (MLA: the latent row).
 //!
-//! Token counts are rounded up to whole blocks only when a block size is given. All arithmetic
+//! Token counts are rounded up to whole blocks only when a block size is given; a block then
+//! also counts its 16-byte padding ([`block_padding_bytes`]: each pool block, K and V of a
+//! layer, is a whole number of 16-byte units, so kernels can read rows as `vec4<u32>`), which
+//! is 0 for the unscaled formats at the usual head dims. All arithmetic
 //! is checked: a result that does not fit a `u64` is an [`Error::InvalidArgument`], as are zero
 //! sizes and head dimensions the formats cannot pack.
 //!
@@ -52,7 +55,7 @@
 //! assert_eq!(total_bytes(&q).unwrap(), 85_899_345_920); // 80 GiB
 //! ```
 
-use crate::quant::{KvDtype, INT4_GROUP};
+use crate::quant::{KvDtype, ScaleMode, INT4_GROUP};
 use crate::{Error, Result};
 use std::fmt;
 use std::str::FromStr;
@@ -402,7 +405,8 @@ pub struct Capacity {
     pub bytes_per_token: u64,
     /// Tokens per sequence after rounding up to whole blocks.
     pub tokens_per_seq: u64,
-    /// Bytes of one sequence: `bytes_per_token * tokens_per_seq`.
+    /// Bytes of one sequence: `bytes_per_token * tokens_per_seq`, plus, with a block size, its
+    /// blocks' 16-byte padding ([`block_padding_bytes`] per block).
     pub bytes_per_seq: u64,
     /// Bytes of all sequences: `bytes_per_seq * seqs`.
     pub total_bytes: u64,
@@ -498,6 +502,57 @@ pub fn bytes_per_token(shape: CacheShape, dtype: KvDtype, scales: ScaleGranulari
     )
 }
 
+/// Bytes of padding one block of `block_size` tokens adds over all layers: each pool block
+/// (K and V of a layer; MLA: the latent and RoPE rows of a layer) is rounded up to a whole
+/// number of 16-byte units, and so is each value row ([`KvDtype::block_words`]; ARCHITECTURE.md
+/// section 6). 0 at the usual head dims for unscaled formats; at most 12 bytes per pool block
+/// plus row padding at head dims that are not multiples of 16.
+pub fn block_padding_bytes(
+    shape: CacheShape,
+    dtype: KvDtype,
+    scales: ScaleGranularity,
+    block_size: usize,
+) -> Result<u64> {
+    shape.check(dtype)?;
+    scales.check(dtype)?;
+    check_block_size(block_size)?;
+    let mode = match (dtype.fp8_format(), scales) {
+        (Some(_), ScaleGranularity::PerTensor) => ScaleMode::PerTensor(1.0),
+        _ => ScaleMode::PerRow,
+    };
+    // Words of one pool block with and without the padding.
+    let pad = |dtype: KvDtype, d: usize, mode: ScaleMode, rows: usize| -> u64 {
+        let packed = rows * (dtype.words_per_row(d) + dtype.scale_words_per_row(d, mode));
+        u((dtype.block_words(d, mode, rows) - packed) * 4)
+    };
+    match shape {
+        CacheShape::Mha {
+            layers,
+            kv_heads,
+            head_dim,
+        } => product(&[
+            2,
+            u(layers),
+            pad(dtype, head_dim, mode, kv_heads * block_size),
+        ]),
+        CacheShape::Mla {
+            layers,
+            rank,
+            rope_dim,
+        } => {
+            // The RoPE part is 16-bit (f16) under a quantized latent, unscaled.
+            let rope = if dtype.is_quantized() {
+                KvDtype::F16
+            } else {
+                dtype
+            };
+            let latent = pad(dtype, rank, mode, block_size);
+            let rope = pad(rope, rope_dim, ScaleMode::PerRow, block_size);
+            product(&[u(layers), add(latent, rope)?])
+        }
+    }
+}
+
 /// Answers a query with all its parts. Zero tokens or sequences are an
 /// [`Error::InvalidArgument`].
 pub fn evaluate(q: &CapacityQuery) -> Result<Capacity> {
@@ -511,7 +566,14 @@ pub fn evaluate(q: &CapacityQuery) -> Result<Capacity> {
     let scales = scale_bytes_per_token(q.shape, q.dtype, q.scales)?;
     let bpt = add(payload, scales)?;
     let tokens = round_to_blocks(q.tokens_per_seq, q.block_size)?;
-    let per_seq = product(&[bpt, tokens])?;
+    let padding = match q.block_size {
+        Some(bs) => product(&[
+            tokens / u(bs),
+            block_padding_bytes(q.shape, q.dtype, q.scales, bs)?,
+        ])?,
+        None => 0,
+    };
+    let per_seq = add(product(&[bpt, tokens])?, padding)?;
     Ok(Capacity {
         values_per_token: q.shape.values_per_token()?,
         payload_bytes_per_token: payload,
@@ -560,11 +622,17 @@ pub fn fit_budget(
     }
     let bpt = bytes_per_token(shape, dtype, scales)?;
     let tokens = round_to_blocks(tokens_per_seq, block_size)?;
-    let mut max_tokens = budget_bytes / bpt;
-    if let Some(bs) = block_size {
-        max_tokens -= max_tokens % u(bs);
-    }
-    let bytes_per_seq = product(&[bpt, tokens])?;
+    let (max_tokens, bytes_per_seq) = match block_size {
+        Some(bs) => {
+            let pad = block_padding_bytes(shape, dtype, scales, bs)?;
+            let per_block = add(product(&[bpt, u(bs)])?, pad)?;
+            (
+                budget_bytes / per_block * u(bs),
+                add(product(&[bpt, tokens])?, product(&[tokens / u(bs), pad])?)?,
+            )
+        }
+        None => (budget_bytes / bpt, product(&[bpt, tokens])?),
+    };
     Ok(BudgetFit {
         max_tokens,
         max_sequences: budget_bytes / bytes_per_seq,
@@ -645,6 +713,34 @@ fn product(xs: &[u64]) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pool padding of ARCHITECTURE.md section 6 in the model: int8 at head dim 128 with 3
+    /// KV heads and block size 1 pads each 99-word block to 100 words (4 bytes per K or V block
+    /// per layer); unscaled f16 pads nothing.
+    #[test]
+    fn blocks_count_their_16_byte_padding() {
+        let shape = mha(2, 3, 128);
+        let pad = |dtype, bs| block_padding_bytes(shape, dtype, ScaleGranularity::PerTensor, bs);
+        assert_eq!(pad(KvDtype::Int8, 1).unwrap(), 2 * 2 * 4);
+        assert_eq!(pad(KvDtype::Int8, 4).unwrap(), 0);
+        assert_eq!(pad(KvDtype::F16, 1).unwrap(), 0);
+        let mut q = query(shape, KvDtype::Int8, 5, 3);
+        q.block_size = Some(1);
+        let c = evaluate(&q).unwrap();
+        assert_eq!(c.bytes_per_seq, 5 * (c.bytes_per_token + 16));
+        assert_eq!(c.total_bytes, 3 * c.bytes_per_seq);
+        let fit = fit_budget(
+            shape,
+            KvDtype::Int8,
+            ScaleGranularity::PerTensor,
+            Some(1),
+            10 * (c.bytes_per_token + 16) - 1,
+            5,
+        )
+        .unwrap();
+        assert_eq!((fit.max_tokens, fit.max_sequences), (9, 1));
+        assert_eq!(fit.bytes_per_seq, c.bytes_per_seq);
+    }
 
     const GIB: u64 = 1 << 30;
     const PT: ScaleGranularity = ScaleGranularity::PerTensor;

@@ -1,7 +1,10 @@
 //! GPU block pools: one tensor (K or V of one layer) stored as blocks of
-//! `[num_kv_heads][block_size][words_per_row]` u32 words (head-major inside a block, so a decode
-//! workgroup reads one head's rows contiguously), followed, for formats with per-row scales, by
-//! the rows' scale words `[num_kv_heads][block_size][scale_words_per_row]`. Scales thus travel
+//! `[num_kv_heads][block_size][row_stride]` u32 words (head-major inside a block, so a decode
+//! workgroup reads one head's rows contiguously; `row_stride` is `words_per_row` rounded up to 4
+//! words), followed, for formats with per-row scales, by the rows' scale words
+//! `[num_kv_heads][block_size][scale_words_per_row]`, the block rounded up to a multiple of 4
+//! words ([`KvDtype::block_words`]): every block and every row starts on a 16-byte boundary, and
+//! kvattn writes the padding words as zero. Scales thus travel
 //! with their block through every copy, swap and snapshot. A per-tensor FP8 scale lives in a
 //! small uniform of the pool ([`BlockPool::scale_uniform`]). A pool larger than the adapter's
 //! storage binding limit is split over several buffers; block ids map to (buffer, offset).
@@ -75,9 +78,17 @@ impl PoolLayout {
         self.num_kv_heads * self.block_size
     }
 
-    /// u32 words of one block: values, then scales.
+    /// u32 words from one value row of a block to the next ([`KvDtype::row_stride`]:
+    /// `words_per_row` rounded up to a multiple of 4).
+    pub fn row_stride(&self) -> usize {
+        self.dtype.row_stride(self.head_dim)
+    }
+
+    /// u32 words of one block: values, then scales, rounded up to a multiple of 4 words
+    /// ([`KvDtype::block_words`]).
     pub fn block_words(&self) -> usize {
-        self.block_rows() * (self.words_per_row() + self.scale_words_per_row())
+        self.dtype
+            .block_words(self.head_dim, self.scale, self.block_rows())
     }
 
     /// Whether K/V of this layout carry a per-tensor scale.
@@ -105,12 +116,12 @@ impl PoolLayout {
 
     /// Word index, inside its block, of the values of `head` at slot `offset`.
     pub fn row_in_block(&self, head: usize, offset: usize) -> usize {
-        (head * self.block_size + offset) * self.words_per_row()
+        (head * self.block_size + offset) * self.row_stride()
     }
 
     /// Word index, inside its block, of the scale words of `head` at slot `offset`.
     pub fn scales_in_block(&self, head: usize, offset: usize) -> usize {
-        self.block_rows() * self.words_per_row()
+        self.block_rows() * self.row_stride()
             + (head * self.block_size + offset) * self.scale_words_per_row()
     }
 }
@@ -324,4 +335,96 @@ pub struct LayerPools {
     pub k: BlockPool,
     /// Values.
     pub v: BlockPool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every supported layout (format and scale mode, the head dims kvattn's kernels are tested
+    /// at, block sizes 1 to 256, 1 to 8 KV heads) has blocks, value rows and scale sections on
+    /// 16-byte boundaries, and whole 16-byte rows: the condition under which the attention
+    /// kernels read rows as vec4<u32> (`attention::paged::rows_aligned`).
+    #[test]
+    fn every_supported_layout_has_16_byte_aligned_rows() {
+        let mut checked = 0;
+        for dtype in KvDtype::ALL {
+            let modes: &[ScaleMode] = if dtype.fp8_format().is_some() {
+                &[ScaleMode::PerRow, ScaleMode::PerTensor(0.5)]
+            } else {
+                &[ScaleMode::PerRow]
+            };
+            for &scale in modes {
+                for head_dim in [64, 80, 96, 128, 256, 576, 512] {
+                    if dtype.check_head_dim(head_dim).is_err() {
+                        continue;
+                    }
+                    for block_size in (0..=8).map(|p| 1 << p) {
+                        for num_kv_heads in 1..=8 {
+                            let l = PoolLayout {
+                                num_kv_heads,
+                                head_dim,
+                                dtype,
+                                block_size,
+                                scale,
+                            };
+                            l.validate().unwrap();
+                            let what = format!("{l:?}");
+                            assert_eq!(l.words_per_row() % 4, 0, "{what}");
+                            assert_eq!(l.block_words() % 4, 0, "{what}");
+                            assert_eq!(l.row_stride(), l.words_per_row(), "{what}");
+                            let unpadded =
+                                l.block_rows() * (l.words_per_row() + l.scale_words_per_row());
+                            assert!(l.block_words() >= unpadded, "{what}");
+                            assert!(l.block_words() < unpadded + 4, "{what}");
+                            for h in 0..num_kv_heads {
+                                for s in [0, block_size / 2, block_size - 1] {
+                                    assert_eq!(l.row_in_block(h, s) % 4, 0, "{what}");
+                                    let end = l.scales_in_block(h, s) + l.scale_words_per_row();
+                                    assert!(end <= l.block_words(), "{what}");
+                                }
+                            }
+                            assert_eq!(l.scales_in_block(0, 0) % 4, 0, "{what}");
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 700, "{checked} layouts");
+    }
+
+    /// Head dims whose rows are not whole 16-byte units get padded rows, so every row still
+    /// starts on a 16-byte boundary; the example of issue 18 (int8, block size 1, 3 KV heads,
+    /// head dim 128) is padded from 99 to 100 words.
+    #[test]
+    fn rows_and_blocks_are_padded_to_16_bytes() {
+        let int8 = PoolLayout {
+            num_kv_heads: 3,
+            head_dim: 128,
+            dtype: KvDtype::Int8,
+            block_size: 1,
+            scale: ScaleMode::PerRow,
+        };
+        assert_eq!(int8.block_words(), 100);
+        assert_eq!(int8.scales_in_block(2, 0), 98);
+        let f16 = PoolLayout {
+            head_dim: 20,
+            dtype: KvDtype::F16,
+            ..int8
+        };
+        assert_eq!((f16.words_per_row(), f16.row_stride()), (10, 12));
+        assert_eq!(f16.row_in_block(1, 0), 12);
+        assert_eq!(f16.block_words(), 36);
+        let fp8 = PoolLayout {
+            head_dim: 4,
+            dtype: KvDtype::Fp8E4M3,
+            block_size: 2,
+            ..int8
+        };
+        // 6 rows of 1 word padded to 4, then 6 scale words: 30 words, padded to 32.
+        assert_eq!(fp8.row_in_block(2, 1), 20);
+        assert_eq!(fp8.scales_in_block(2, 1), 29);
+        assert_eq!(fp8.block_words(), 32);
+    }
 }

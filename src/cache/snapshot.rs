@@ -66,8 +66,10 @@ fn checksum<'a>(
 }
 
 /// Revision of the pool byte layout (row packing, block layout). Bumped whenever stored bytes
-/// would mean something else; snapshots of another revision are refused.
-pub const KERNEL_REVISION: &str = "kvattn-kv-2";
+/// would mean something else; snapshots of another revision are refused. `kvattn-kv-3`: pool
+/// blocks and rows padded to 16-byte boundaries (ARCHITECTURE.md section 6); `kvattn-kv-2`
+/// snapshots are refused.
+pub const KERNEL_REVISION: &str = "kvattn-kv-3";
 
 fn header(cache: &PagedKvCache, tokens: usize) -> HashMap<String, String> {
     let c = cache.config();

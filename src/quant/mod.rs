@@ -182,6 +182,29 @@ impl KvDtype {
             (KvDtype::Int4, _) => d.div_ceil(INT4_GROUP),
         }
     }
+
+    /// Words from the start of one value row of a pool block to the next:
+    /// [`words_per_row`](Self::words_per_row) rounded up to a multiple of 4 (16 bytes), so that
+    /// every row starts on a 16-byte boundary. Equal to `words_per_row` for every format at head
+    /// dims that are multiples of 16 (f32: every head dim; f16/bf16: multiples of 8).
+    pub fn row_stride(self, d: usize) -> usize {
+        align_words(self.words_per_row(d))
+    }
+
+    /// `u32` words of one pool block of `rows` token rows: the rows' values
+    /// ([`row_stride`](Self::row_stride) words apart), then their scale words
+    /// ([`scale_words_per_row`](Self::scale_words_per_row) each, back to back), the whole
+    /// rounded up to a multiple of 4 words. Blocks, value rows and scale sections thus all start
+    /// on 16-byte boundaries. The one definition of the block stride: `PoolLayout`, the CPU
+    /// layout paths and `kv_block_words` in `shaders/lib/kv_format.wgsl` follow it.
+    pub fn block_words(self, d: usize, mode: ScaleMode, rows: usize) -> usize {
+        align_words(rows * (self.row_stride(d) + self.scale_words_per_row(d, mode)))
+    }
+}
+
+/// `words` rounded up to a whole number of 16-byte units (a multiple of 4 words).
+const fn align_words(words: usize) -> usize {
+    words.next_multiple_of(4)
 }
 
 impl fmt::Display for KvDtype {

@@ -49,19 +49,20 @@ impl EncodedRows {
     }
 
     /// The rows as a pool of one-row blocks holds them (`kv_load.wgsl` with `KV_BLOCK_ROWS = 1`):
-    /// each row's value words followed by its scale words.
+    /// each row's value words, zero words up to its [`row_stride`](KvDtype::row_stride), its
+    /// scale words and zero words up to the block's [`block_words`](KvDtype::block_words) (a
+    /// multiple of 4).
     pub fn interleaved_words(&self) -> Vec<u32> {
         let wpr = self.dtype.words_per_row(self.head_dim);
+        let stride = self.dtype.row_stride(self.head_dim);
         let spr = self
             .dtype
             .scale_words_per_row(self.head_dim, self.scale_mode);
-        if spr == 0 {
-            return self.words.clone();
-        }
-        let mut out = Vec::with_capacity(self.words.len() + self.scales.len());
-        for (w, s) in self.words.chunks(wpr).zip(self.scales.chunks(spr)) {
-            out.extend_from_slice(w);
-            out.extend_from_slice(s);
+        let bw = self.dtype.block_words(self.head_dim, self.scale_mode, 1);
+        let mut out = vec![0; self.num_rows() * bw];
+        for (r, block) in out.chunks_mut(bw).enumerate() {
+            block[..wpr].copy_from_slice(&self.words[r * wpr..(r + 1) * wpr]);
+            block[stride..stride + spr].copy_from_slice(&self.scales[r * spr..(r + 1) * spr]);
         }
         out
     }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use kvattn::cache::paged::{PagedKvCache, PagedKvConfig, PoolSize};
-use kvattn::cache::snapshot::FORMAT_VERSION;
+use kvattn::cache::snapshot::{FORMAT_VERSION, KERNEL_REVISION};
 use kvattn::quant::KvDtype;
 use kvattn::Error;
 use safetensors::SafeTensors;
@@ -152,6 +152,17 @@ fn header_names_the_version_and_the_checksum() {
     let err = assert_refused(&mut target, &v3, "version 3");
     assert!(
         matches!(&err, Error::Snapshot(m) if m.contains("\"3\"")),
+        "{err}"
+    );
+    // A snapshot of the pool layout before 16-byte padding (revision kvattn-kv-2): refused by
+    // the header check, which names the field, before the checksum is looked at.
+    assert_eq!(KERNEL_REVISION, "kvattn-kv-3");
+    let old = with_header(&bytes, |h| {
+        h.insert("kernel_revision".into(), "kvattn-kv-2".into());
+    });
+    let err = assert_refused(&mut target, &old, "revision kvattn-kv-2");
+    assert!(
+        matches!(&err, Error::Snapshot(m) if m.contains("kernel_revision") && m.contains("kvattn-kv-2")),
         "{err}"
     );
     // No checksum, or a wrong one.
