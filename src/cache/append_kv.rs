@@ -4,7 +4,8 @@
 //! bit for bit, quantized formats included: FP8 E4M3/E5M2 with per-tensor or dynamic per-row
 //! scales, int8 and int4, each row's (or group's) scale computed on the GPU with integer
 //! arithmetic on the f32 bits (correctly rounded, subnormals included), never with the driver's
-//! float operations.
+//! float operations. A workgroup writes several rows when rows are short, adjacent lanes on
+//! adjacent 16-byte chunks (the mapping is in the shader's header).
 
 use std::sync::Arc;
 
@@ -40,6 +41,26 @@ crate::wgsl_struct! {
 
 /// Invocations per workgroup.
 const WG: u32 = 64;
+
+/// Invocations that write one row of `dtype` at `head_dim` (the kernel's `LANES`): one per
+/// 16-byte chunk of the row's [`row_stride`](KvDtype::row_stride) (int4: one per group of 32
+/// values), rounded up to a power of two, at most a workgroup. The workgroup serves
+/// `WG / LANES` rows ([`rows_per_workgroup`]).
+fn lanes_per_row(dtype: KvDtype, head_dim: usize) -> u32 {
+    let chunks = dtype.row_stride(head_dim).div_ceil(4).max(1) as u32;
+    chunks.next_power_of_two().min(WG)
+}
+
+/// Row entries one `append_kv` workgroup writes for pools of `dtype` at `head_dim`.
+fn rows_per_workgroup(dtype: KvDtype, head_dim: usize) -> u32 {
+    WG / lanes_per_row(dtype, head_dim)
+}
+
+/// Workgroups along y of a dispatch writing `entries` row entries into `pool`.
+pub(crate) fn workgroups_for(pool: &BlockPool, entries: u32) -> u32 {
+    let layout = pool.layout();
+    entries.div_ceil(rows_per_workgroup(layout.dtype, layout.head_dim))
+}
 
 /// Element type of the new rows the caller provides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -78,6 +99,7 @@ fn kernel_constants(
 ) -> Vec<(&'static str, f64)> {
     vec![
         ("WG", f64::from(WG)),
+        ("LANES", f64::from(lanes_per_row(dtype, head_dim))),
         ("DIM", head_dim as f64),
         ("DST_DTYPE", f64::from(dtype.code())),
         ("SRC_F16", f64::from(u8::from(src == SourceDtype::F16))),
@@ -133,7 +155,8 @@ pub struct AppendRows {
     block_size: usize,
     blocks_per_buffer: usize,
     num_blocks: usize,
-    /// Per dispatch: pool buffer, workgroups along y, row list, parameters.
+    /// Per dispatch: pool buffer, row entries (at most the grid's y limit), row list,
+    /// parameters.
     dispatches: Vec<(usize, u32, wgpu::Buffer, wgpu::Buffer)>,
 }
 
@@ -314,8 +337,10 @@ pub(crate) fn prepare_rows(
                     list.as_entire_binding(),
                     pool.buffers()[*buffer].as_entire_binding(),
                     pool.scale_uniform().as_entire_binding(),
+                    // The same buffer again: the kernel's u32 view for scale words.
+                    pool.buffers()[*buffer].as_entire_binding(),
                 ],
-                [layout.num_kv_heads as u32, *n, 1],
+                [layout.num_kv_heads as u32, workgroups_for(pool, *n), 1],
             )
         })
         .collect()

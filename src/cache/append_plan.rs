@@ -16,7 +16,7 @@
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::append_kv::{append_pipeline, AppendParams, SourceDtype};
+use super::append_kv::{append_pipeline, workgroups_for, AppendParams, SourceDtype};
 use super::paged::{AppendBatch, PagedKvCache};
 use super::pool::BlockPool;
 use crate::gpu::dispatch::fit_u32;
@@ -159,7 +159,7 @@ struct LayerBinds {
 struct StepDispatch {
     /// Parameter slot (which also names the pool buffer).
     slot: usize,
-    /// Workgroups along y (row entries).
+    /// Row entries (the workgroups along y hold several: `append_kv::workgroups_for`).
     entries: u32,
 }
 
@@ -424,6 +424,8 @@ impl AppendPlan {
                         self.list.as_entire_binding(),
                         pool.buffers()[b].as_entire_binding(),
                         pool.scale_uniform().as_entire_binding(),
+                        // The same buffer again: the kernel's u32 view for scale words.
+                        pool.buffers()[b].as_entire_binding(),
                     ],
                 )
             })
@@ -479,11 +481,11 @@ impl AppendPlan {
             .as_ref()
             .ok_or_else(|| Error::InvalidArgument("append plan: no bind groups".into()))?;
         self.gate.record("an AppendPlan")?;
-        for t in 0..2 {
+        for (t, pool) in [&pools.k, &pools.v].into_iter().enumerate() {
             pass.set_pipeline(&layer.pipelines[t]);
             for d in &self.step {
                 pass.set_bind_group(0, &layer.groups[t][d.slot], &[]);
-                pass.dispatch_workgroups(self.num_kv_heads, d.entries, 1);
+                pass.dispatch_workgroups(self.num_kv_heads, workgroups_for(pool, d.entries), 1);
             }
         }
         Ok(())

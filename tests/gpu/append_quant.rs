@@ -217,6 +217,11 @@ fn row(rng: &mut Rng, t: &Tensor, src: SourceDtype, kind: Kind) -> Vec<f32> {
             None => rng.normals(d, 1000.0),
         },
     };
+    // The per-group kinds fill whole groups of 32; a head dim that is not a multiple (80) gets
+    // Gaussian values after them.
+    while v.len() < d {
+        v.push(rng.normal());
+    }
     // Keep int8/int4 input inside their contract.
     for x in &mut v {
         if x.abs() > lim {
@@ -568,6 +573,63 @@ fn mixed_k_and_v_formats_append_matches_cpu_codec() {
         (per_row(KvDtype::Int8, 32), per_row(KvDtype::Bf16, 32)),
     ];
     check_grid("mixed", &pairs, 5);
+}
+
+/// Every storage format (FP8 per row and per tensor) at head dims 64, 80, 96, 128 and 256 (int4:
+/// its multiples of 32), K and V at different dims: the kernel's lanes per row and rows per
+/// workgroup vary with the row's 16-byte chunks (1 to 64 lanes), and `check_grid`'s batches
+/// (7, 1, 17, 4 and 19 rows, 1 to 3 heads) leave partial last workgroups.
+#[test]
+fn every_format_and_head_dim_append_matches_cpu_codec() {
+    let mut pairs = Vec::new();
+    for dtype in KvDtype::ALL {
+        let dims: &[(usize, usize)] = if dtype == KvDtype::Int4 {
+            &[(64, 96), (128, 256)]
+        } else {
+            &[(64, 80), (96, 128), (256, 80)]
+        };
+        for &(dk, dv) in dims {
+            pairs.push((per_row(dtype, dk), per_row(dtype, dv)));
+            if dtype.fp8_format().is_some() {
+                pairs.push((per_tensor(dtype, 0.25, dk), per_tensor(dtype, 3.0, dv)));
+            }
+        }
+    }
+    check_grid("every format", &pairs, 6);
+}
+
+/// Every f16 bit pattern (NaN payloads, signalling NaNs, infinities, subnormals, both zeros) as
+/// an f16 source, appended into f16 and bf16 pools and into f32 and int8 ones: the stored words
+/// equal the CPU codec's encoding of the same values as f32 (f16 into f16 takes the kernel's
+/// shortcut, which must still quiet NaNs exactly as the f32 round trip does).
+#[test]
+fn every_f16_source_pattern_appends_as_the_cpu_codec_encodes_it() {
+    let ctx = gpu();
+    let d = 128;
+    let bits: Vec<u16> = (0..=u16::MAX).collect();
+    let x: Vec<f32> = bits.iter().map(|&h| f16_bits_to_f32(h)).collect();
+    let tokens: Vec<u32> = (0..(x.len() / d) as u32).collect();
+    let src = ctx.upload("f16 patterns", &pack_halves(&bits)).unwrap();
+    for (kt, vt) in [
+        (per_row(KvDtype::F16, d), per_row(KvDtype::Bf16, d)),
+        (per_row(KvDtype::F32, d), per_row(KvDtype::Int8, d)),
+    ] {
+        let mut cache = new_cache(&kt, &vt, 1, 64, 80);
+        cache.add_sequence(0, &[]).unwrap();
+        let mut batch = AppendBatch::new();
+        cache.append_tokens(ctx, &mut batch, 0, &tokens).unwrap();
+        cache
+            .write_layer(ctx, 0, &batch, &src, &src, SourceDtype::F16)
+            .unwrap();
+        let (k, v) = cache.read_rows(ctx, 0, 0).unwrap();
+        for (t, got) in [(&kt, &k), (&vt, &v)] {
+            let want = encode_rows(t.dtype, d, &x, t.mode()).unwrap();
+            let first = got.words.iter().zip(&want.words).position(|(g, w)| g != w);
+            assert_eq!(first, None, "{}: first differing word", t.dtype);
+            assert_eq!(got.words.len(), want.words.len(), "{}", t.dtype);
+            assert_eq!(got.scales, want.scales, "{} scales", t.dtype);
+        }
+    }
 }
 
 #[test]

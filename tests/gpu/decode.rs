@@ -334,6 +334,38 @@ fn decode_rejects_bad_input_with_typed_errors() {
         decode_batch(ctx, &case.batch(), &shape, &opts, &int8),
         Err(Error::InvalidArgument(_))
     ));
+    // f16 rows of 12 values (6 words) are not whole 16-byte units: a pool would pad them, so
+    // the contiguous layout is refused, for K and for V; f32 rows of 12 values are whole units.
+    let narrow = AttentionShape {
+        head_dim_qk: 12,
+        head_dim_v: 12,
+        ..shape
+    };
+    let c3 = Case::new(narrow, &[3, 4], 1);
+    let f16 = DecodeConfig {
+        k_dtype: KvDtype::F16,
+        v_dtype: KvDtype::F32,
+        ..cfg
+    };
+    for config in [
+        f16,
+        DecodeConfig {
+            k_dtype: KvDtype::F32,
+            v_dtype: KvDtype::Bf16,
+            ..cfg
+        },
+    ] {
+        assert!(matches!(
+            decode_batch(ctx, &c3.batch(), &narrow, &opts, &config),
+            Err(Error::UnsupportedHeadDim { head_dim: 12, .. })
+        ));
+    }
+    let f32 = DecodeConfig {
+        k_dtype: KvDtype::F32,
+        v_dtype: KvDtype::F32,
+        ..cfg
+    };
+    decode_batch(ctx, &c3.batch(), &narrow, &opts, &f32).unwrap();
     // Truncated K.
     let short = RaggedBatch {
         k: &case.k[1..],
