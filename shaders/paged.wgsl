@@ -77,6 +77,8 @@ const MAX_TILE: u32 = 16u;
 // TILE * (CHK QK + CHR QR) <= MAX_QREG and TILE * CHV QV <= MAX_AREG).
 const MAX_QREG: u32 = 32u;
 const MAX_AREG: u32 = 32u;
+// Chunks of a K row per lane at most (CHK QK <= MAX_QREG).
+const MAX_CHK: u32 = 32u;
 
 // Each group's running max, sum and poisoned flag per row, then the combined output rows.
 override GROUP_ROWS: u32 = NG * TILE;
@@ -235,11 +237,18 @@ fn attend(wid: vec3<u32>, tid: u32) {
 
         // 1. This lane's part of the key's dot product with every row.
         var d: array<f32, MAX_TILE>;
+        // MLA keeps the latent's chunks for step 4.
+        var kwords: array<vec4<u32>, MAX_CHK>;
+        var kgroups: array<vec2<f32>, MAX_CHK>;
         for (var c = 0u; c < CHK; c++) { // @unroll
             let ci = lane + c * KEY_LANES;
             if ci < K_CH {
                 let w = pool_chunk(kp, row, ci);
                 let sm = chunk_group(kp, row, ci);
+                if ROPE_DIM > 0u {
+                    kwords[c] = w;
+                    kgroups[c] = sm;
+                }
                 for (var p = 0u; p < QK; p++) { // @unroll
                     let k = vec4<f32>(real4(kv_quad_of(K_DTYPE, w, p, sm)));
                     for (var t = 0u; t < TILE; t++) { // @unroll
@@ -271,6 +280,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
         // 3. Scores and the online softmax of every row; probabilities in `real` precision.
         let v_scale = select(1.0, kv_row_scale(vp, row), kv_row_scaled(vp));
         var alpha: array<f32, MAX_TILE>;
+        var raised: array<bool, MAX_TILE>;
         var pv: array<f32, MAX_TILE>;
         for (var t = 0u; t < TILE; t++) { // @unroll
             let p_t = pos[t];
@@ -283,27 +293,40 @@ fn attend(wid: vec3<u32>, tid: u32) {
             let sc = score_of(dots[t], params.scale, params.softcap, slope[t] * f32(dist));
             bad[t] = bad[t] || (visible && sc.poison);
             let sv = select(MASKED, sc.value, visible);
-            let mn = max(m[t], sv);
-            alpha[t] = exp(m[t] - mn);
-            let p = f32(real(softmax_weight(sv, mn)));
+            let w = softmax_step(m[t], sv);
+            raised[t] = w.raised;
+            alpha[t] = w.alpha;
+            let p = f32(real(w.p));
             l[t] = fma(l[t], alpha[t], p);
-            m[t] = mn;
+            m[t] = max(m[t], sv);
             // A zero probability stays zero (a masked key's scale may be NaN).
             pv[t] = select(0.0, p * v_scale, bits_nonzero(p));
         }
 
-        // 4. The value row, each lane its chunks: acc = acc alpha + p v, the product only where
-        // p is not zero (0 * inf or 0 * NaN must not reach a row).
+        // 4. The value row, each lane its chunks: acc = acc alpha + p v, the rescale only where
+        // the row's max rose (alpha is exactly 1 elsewhere), the product only where p is not
+        // zero (0 * inf or 0 * NaN must not reach a row). MLA's value is the latent the lane
+        // read in step 1 (the same chunks: V_CH == K_CH, CHV == CHK), so it is not read again.
         for (var c = 0u; c < CHV; c++) { // @unroll
             let ci = lane + c * KEY_LANES;
             if ci < V_CH {
-                let w = pool_chunk(vp, row, ci);
-                let sm = chunk_group(vp, row, ci);
+                var w: vec4<u32>;
+                var sm: vec2<f32>;
+                if ROPE_DIM > 0u {
+                    w = kwords[c];
+                    sm = kgroups[c];
+                } else {
+                    w = pool_chunk(vp, row, ci);
+                    sm = chunk_group(vp, row, ci);
+                }
                 for (var p = 0u; p < QV; p++) { // @unroll
                     let v = vec4<f32>(real4(kv_quad_of(v_dtype, w, p, sm)));
                     for (var t = 0u; t < TILE; t++) { // @unroll
                         let a = (t * CHV + c) * QV + p;
-                        var x = acc[a] * alpha[t];
+                        var x = acc[a];
+                        if raised[t] {
+                            x = x * alpha[t];
+                        }
                         if bits_nonzero(pv[t]) {
                             x = fma(vec4<f32>(pv[t]), v, x);
                         }

@@ -47,6 +47,23 @@ fn softmax_weight(s: f32, m: f32) -> f32 {
     return select(0.0, exp(s - m), s > MASKED_BELOW);
 }
 
+// One key's step of an online softmax whose running max is `m`: `raised` when the score `s`
+// is above it (the new max is s), `alpha` the factor that rescales the running sum and output
+// (exactly 1 unless raised), `p` the key's weight relative to the new max (0 for a masked
+// score). One exp: exp(m - s) when raised, else exp(s - m).
+struct SoftmaxStep {
+    raised: bool,
+    alpha: f32,
+    p: f32,
+}
+
+fn softmax_step(m: f32, s: f32) -> SoftmaxStep {
+    let raised = s > m;
+    let e = exp(select(s - m, m - s, raised));
+    let p = select(select(e, 1.0, raised), 0.0, s <= MASKED_BELOW);
+    return SoftmaxStep(raised, select(1.0, e, raised), p);
+}
+
 // A key's score as the softmax reads it: `value` is finite (MASKED for a score of -inf or one
 // that poisons), `poison` says the score was NaN or +inf.
 struct Score {
