@@ -237,7 +237,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
 
         // 1. This lane's part of the key's dot product with every row.
         var d: array<f32, MAX_TILE>;
-        // MLA keeps the latent's chunks for step 4.
+        // MLA (the values are the K pool row) keeps the latent's chunks for step 4.
         var kwords: array<vec4<u32>, MAX_CHK>;
         var kgroups: array<vec2<f32>, MAX_CHK>;
         for (var c = 0u; c < CHK; c++) { // @unroll
@@ -245,7 +245,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
             if ci < K_CH {
                 let w = pool_chunk(kp, row, ci);
                 let sm = chunk_group(kp, row, ci);
-                if ROPE_DIM > 0u {
+                if value_pool() == 0u {
                     kwords[c] = w;
                     kgroups[c] = sm;
                 }
@@ -312,7 +312,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
             if ci < V_CH {
                 var w: vec4<u32>;
                 var sm: vec2<f32>;
-                if ROPE_DIM > 0u {
+                if value_pool() == 0u {
                     w = kwords[c];
                     sm = kgroups[c];
                 } else {

@@ -582,13 +582,12 @@ pub(super) fn lanes_tile(shape: &AttentionShape) -> usize {
 /// Query (or output) values a lanes-kernel tile holds at most.
 const LANES_MAX_VALUES: usize = 512;
 
-/// Whether every row of pools `k` and `v` starts on a 16-byte boundary, so the lanes kernel can
-/// read rows as vec4<u32> (their blocks, rows and scale sections are whole multiples of four
-/// words).
+/// Whether the rows of pools `k` and `v` are whole 16-byte units, so the kernels can read them
+/// as vec4<u32>. Every row starts on a 16-byte boundary in every layout
+/// ([`KvDtype::block_words`](crate::quant::KvDtype::block_words) pads blocks and rows); this
+/// asks that no row ends inside a unit.
 pub(super) fn rows_aligned(k: &PoolLayout, v: &PoolLayout) -> bool {
-    [k, v]
-        .iter()
-        .all(|l| l.words_per_row() % 4 == 0 && l.block_words() % 4 == 0)
+    [k, v].iter().all(|l| l.words_per_row() % 4 == 0)
 }
 
 /// Whether the lanes kernel takes this geometry: query and output rows of at most 256 values
