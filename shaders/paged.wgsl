@@ -9,9 +9,10 @@
 // Rows past `n_rows` repeat the last row and are computed but never written.
 //
 // Work items. The host plans, per (sequence, tile), the key range the tile can see, cut at fixed
-// token splits (split-K, the same for every batch). A pool of one or two buffers is bound whole
-// (two slots); over more, each dispatch binds one buffer and items are also cut where a
-// sequence's blocks change buffer. A workgroup serves one (work item, KV head)
+// token splits (split-K, the same for every batch). A pool over as many buffers as the device
+// can bind at once is bound whole (one slot per buffer, see the pools below); over more, each
+// dispatch binds one buffer and items are also cut where a sequence's blocks change buffer. A
+// workgroup serves one (work item, KV head)
 // and writes a partial (o, lse) per row, merged in key order by merge.wgsl (which also adds the
 // sinks).
 //
@@ -91,34 +92,15 @@ var<workgroup> row_m: array<f32, MAX_TILE>;
 var<workgroup> row_l: array<f32, MAX_TILE>;
 var<workgroup> row_bad: array<u32, MAX_TILE>;
 
-// The pools, read 16 bytes at a time: K and V of the pool buffer in slot 0 and in slot 1 (a
-// pool over two buffers is bound whole, so a split's keys may lie in either; with one buffer, or
-// a dispatch per buffer, slot 1 repeats slot 0). `which` is 2 slot + (0 for K, 1 for V). The
-// host rounds every pool buffer up to 16 bytes, so every word has its vec4.
-// Pool buffer slots the dispatch reads (1 or 2): with one, slot 1 is never read.
-override POOL_SLOTS: u32 = 1u;
-@group(0) @binding(2) var<storage, read> k_pool4: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> v_pool4: array<vec4<u32>>;
-@group(0) @binding(9) var<storage, read> k_pool4_1: array<vec4<u32>>;
-@group(0) @binding(10) var<storage, read> v_pool4_1: array<vec4<u32>>;
-
-// Words 4i .. 4i + 3 of pool `which`.
-fn pool_vec4(which: u32, i: u32) -> vec4<u32> {
-    switch which {
-        case 0u: {
-            return k_pool4[i];
-        }
-        case 1u: {
-            return v_pool4[i];
-        }
-        case 2u: {
-            return k_pool4_1[i];
-        }
-        default: {
-            return v_pool4_1[i];
-        }
-    }
-}
+// The pools, read 16 bytes at a time: K and V of each bound pool buffer, one slot per buffer.
+// A pool of at most POOL_SLOTS buffers (as many as the device's storage bindings allow, see
+// DeviceFit::pool_slots) is bound whole, so a split's keys may lie in any of them; over more,
+// each dispatch binds one buffer (POOL_SLOTS = 1). The host writes the declarations out per slot
+// count (shader.rs, pool_bindings): the constant POOL_SLOTS, bindings k_pool4_s / v_pool4_s
+// (2 and 3 for slot 0, then 9 and 10, 11 and 12, ...) and pool_vec4(which, i), vec4 i of pool
+// `which` = 2 slot + (0 for K, 1 for V). The host rounds every pool buffer up to 16 bytes, so
+// every word has its vec4.
+// @pool-bindings
 
 fn kv_word(which: u32, i: u32) -> u32 {
     return pool_vec4(which, i >> 2u)[i & 3u];

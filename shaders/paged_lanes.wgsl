@@ -25,29 +25,22 @@
 
 override LANE_WG: u32 = 8u;
 
-@group(0) @binding(2) var<storage, read> k_pool: array<u32>;
-@group(0) @binding(3) var<storage, read> v_pool: array<u32>;
-// The K and V pools again (the same buffers as bindings 2 and 3), as vec4<u32>, for shapes
-// whose rows all start on a 16-byte boundary: the code written out for them reads four words
-// per access, so an adapter that loads lane by lane does a quarter of the loads (bound only
-// then: other shapes never read them).
-@group(0) @binding(9) var<storage, read> k_pool4: array<vec4<u32>>;
-@group(0) @binding(10) var<storage, read> v_pool4: array<vec4<u32>>;
+// The K and V pools of each bound pool buffer, POOL_SLOTS of them (a pool over as many buffers
+// as the storage bindings allow is bound whole, so a split's keys may lie in any; else each
+// dispatch binds one buffer), written out by the host (shader.rs, pool_bindings): as
+// array<u32> (pool_word) and again as array<vec4<u32>> (pool_vec4), for shapes whose rows all
+// start on a 16-byte boundary: the code written out for those reads four words per access, so
+// an adapter that loads lane by lane does a quarter of the loads (the vec4 views are bound only
+// then: other shapes never read them). Pool `which` = 2 slot + (0 for K, 1 for V).
+// @pool-bindings
 
 fn kv_word(which: u32, i: u32) -> u32 {
-    if which == 0u {
-        return k_pool[i];
-    }
-    return v_pool[i];
+    return pool_word(which, i);
 }
 
-// Words 4w .. 4w + 3 of pool row `row` of K (which == 0u) or V.
+// Words 4w .. 4w + 3 of pool row `row` of pool `which`.
 fn kv_word4(which: u32, row: u32, w: u32) -> vec4<u32> {
-    let i = kv_row_base(which, row) / 4u + w;
-    if which == 0u {
-        return k_pool4[i];
-    }
-    return v_pool4[i];
+    return pool_vec4(which, kv_row_base(which, row) / 4u + w);
 }
 
 // kv_quad_of (a column of four words) is kv_chunk.wgsl's, through the kv_half2 written out
@@ -66,7 +59,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let kv_head = pair % params.num_kv_heads;
     let it = work_item(item);
     let q4 = (K_DIM + ROPE_DIM) / 4u;
-    let vp = value_pool();
     let causal = (params.flags & FLAG_CAUSAL) != 0u;
     let alibi = (params.flags & FLAG_ALIBI) != 0u;
     let bs_shift = firstTrailingBit(params.block_size);
@@ -77,11 +69,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     //   r = row0 + min(T, n_rows - 1); its head, position, ALiBi slope and query columns.
 
     for (var j = it.key_start; j < it.key_end; j++) {
-        let block = plan[it.table + (j >> bs_shift)] - params.first_block;
+        let at = plan[it.table + (j >> bs_shift)] - params.first_block;
+        var kp = 0u;
+        var block = at;
+        if POOL_SLOTS > 1u {
+            kp = 2u * (at / params.blocks_per_buffer);
+            block = at % params.blocks_per_buffer;
+        }
+        let vp = kp + value_pool();
         let row = (block * params.num_kv_heads + kv_head) * params.block_size + (j & bs_mask);
         // @unroll key_dots: d_T = q_T . k over the K pool row's columns (codes; int4 decodes
         //   each group's scale and min once).
-        let k_scale = kv_row_scale(0u, row);
+        let k_scale = kv_row_scale(kp, row);
         let v_scale = select(1.0, kv_row_scale(vp, row), kv_row_scaled(vp));
         // @unroll rope_dots: d_T = d_T * k_scale, plus the RoPE part of the key (MLA).
         // @unroll softmax: per row, the score (ARCHITECTURE.md section 2; softmax.wgsl's NaN rules:

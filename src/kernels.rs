@@ -180,6 +180,10 @@ pub fn all_variants() -> Vec<ShaderVariant> {
                         variants.push(ShaderVariant {
                             unroll: Some(shape),
                             f16_convert: i % 2 == 1,
+                            // Pools bound whole over 2 buffers (WebGPU's default limits) and
+                            // over the most slots, alternately with one.
+                            pool_slots: [1, 2, crate::attention::paged::MAX_POOL_SLOTS as u8]
+                                [i % 3],
                             ..base
                         });
                     }

@@ -317,6 +317,78 @@ fn unroll_lines(lines: &[&str], bounds: &[(&str, u32)], out: &mut String) {
     }
 }
 
+/// The line of `shaders/paged.wgsl` and `shaders/paged_lanes.wgsl` that [`pool_bindings`]
+/// replaces.
+pub const POOL_BINDINGS_MARK: &str = "// @pool-bindings";
+
+/// The binding numbers of the K and V views of pool slot `slot`, of the first kind a kernel
+/// declares: 2 and 3 for slot 0, then 9 and 10, 11 and 12, ... (bindings 4 to 8 are the
+/// attention kernels' others). A second kind of view of `slots` slots follows the first:
+/// slot `s` at `7 + 2 slots + 2 s` and the next.
+pub fn pool_binding_numbers(slot: u32) -> (u32, u32) {
+    if slot == 0 {
+        (2, 3)
+    } else {
+        (7 + 2 * slot, 8 + 2 * slot)
+    }
+}
+
+/// The attention kernels' pool declarations for `slots` bound pool buffers (K and V each) and
+/// the constant `POOL_SLOTS`. Pool `which` = 2 slot + (0 for K, 1 for V). Without `words` (the
+/// workgroup kernel): `array<vec4<u32>>` views (`k_pool4_s`, `v_pool4_s`, numbered by
+/// [`pool_binding_numbers`]) and `pool_vec4(which, i)`. With `words` (the lanes kernel):
+/// `array<u32>` views in those numbers and `pool_word(which, i)`, then the vec4 views of the same
+/// buffers after them (a module that never reads them leaves them out of its layout, and the
+/// host binds them only for shapes that read them). WGSL cannot index a list of bindings, and
+/// a binding a kernel reads is part of its pipeline's layout, so each slot count is its own
+/// written-out source.
+pub fn pool_bindings(slots: u32, words: bool) -> String {
+    let slots = slots.max(1);
+    let mut src = format!("const POOL_SLOTS: u32 = {slots}u;\n");
+    let declare = |src: &mut String, suffix: &str, ty: &str, after: u32| {
+        for s in 0..slots {
+            let (k, v) = pool_binding_numbers(s);
+            let (k, v) = if after > 0 {
+                (7 + 2 * after + 2 * s, 8 + 2 * after + 2 * s)
+            } else {
+                (k, v)
+            };
+            src.push_str(&format!(
+                "@group(0) @binding({k}) var<storage, read> k_pool{suffix}_{s}: array<{ty}>;\n\
+                 @group(0) @binding({v}) var<storage, read> v_pool{suffix}_{s}: array<{ty}>;\n"
+            ));
+        }
+    };
+    let accessor = |src: &mut String, name: &str, suffix: &str, ty: &str| {
+        src.push_str(&format!(
+            "\nfn {name}(which: u32, i: u32) -> {ty} {{\n    switch which {{\n"
+        ));
+        for s in 0..slots {
+            for (kv, pool) in ["k", "v"].iter().enumerate() {
+                let which = 2 * s + kv as u32;
+                let case = if which == 2 * slots - 1 {
+                    "default".to_string()
+                } else {
+                    format!("case {which}u")
+                };
+                src.push_str(&format!(
+                    "        {case}: {{\n            return {pool}_pool{suffix}_{s}[i];\n        }}\n"
+                ));
+            }
+        }
+        src.push_str("    }\n}\n");
+    };
+    if words {
+        declare(&mut src, "", "u32", 0);
+        declare(&mut src, "4", "vec4<u32>", slots);
+        accessor(&mut src, "pool_word", "", "u32");
+    } else {
+        declare(&mut src, "4", "vec4<u32>", 0);
+    }
+    accessor(&mut src, "pool_vec4", "4", "vec4<u32>");
+    src
+}
+
 /// One composable shader: a kernel in a precision, with portable or subgroup reductions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ShaderVariant {
@@ -336,6 +408,9 @@ pub struct ShaderVariant {
     /// [`wgpu::DownlevelFlags::SHADER_F16_IN_F32`] and a passed f16 check,
     /// [`Capabilities::f16_unpack_exact`](crate::gpu::Capabilities::f16_unpack_exact)).
     pub f16_convert: bool,
+    /// Pool buffers (K and V each) the workgroup attention kernel binds, at least 1
+    /// ([`Kernel::Paged`] only; [`pool_bindings`] writes their declarations).
+    pub pool_slots: u8,
 }
 
 impl ShaderVariant {
@@ -348,6 +423,7 @@ impl ShaderVariant {
             lanes: None,
             unroll: None,
             f16_convert: false,
+            pool_slots: 1,
         }
     }
 
@@ -372,8 +448,12 @@ impl ShaderVariant {
             .map(|l| format!("[{}]", l.name()))
             .or_else(|| self.unroll.map(|u| format!("[{}]", u.name())))
             .unwrap_or_default();
+        let pools = match self.pool_slots {
+            0 | 1 => String::new(),
+            n => format!("+pools{n}"),
+        };
         format!(
-            "{}/{}{sg}{lanes}",
+            "{}/{}{sg}{pools}{lanes}",
             self.kernel.name(),
             self.precision.name()
         )
@@ -400,7 +480,14 @@ impl ShaderVariant {
         }
         src.push('\n');
         match self.lanes {
-            Some(shape) => src.push_str(&shape.body()),
+            Some(shape) => src.push_str(&shape.body().replace(
+                POOL_BINDINGS_MARK,
+                &pool_bindings(u32::from(shape.pool_slots.max(1)), true),
+            )),
+            None if self.kernel == Kernel::Paged => src.push_str(&self.kernel.body().replace(
+                POOL_BINDINGS_MARK,
+                &pool_bindings(u32::from(self.pool_slots.max(1)), false),
+            )),
             None => src.push_str(self.kernel.body()),
         }
         if self.kernel.has_subgroup_variant() {

@@ -3,8 +3,9 @@
 //! really uses, fits WebGPU's default limits, and translates to SPIR-V, MSL, HLSL and GLSL.
 //! The `#[repr(C)]` mirrors of WGSL structs are checked against naga's layout.
 
+use kvattn::attention::paged::OTHER_STORAGE_BUFFERS;
 use kvattn::kernels::{all_variants, param_structs, representative_constants};
-use kvattn::shader::{Precision, ShaderVariant};
+use kvattn::shader::{Kernel, Precision, ShaderVariant};
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
 use naga::{AddressSpace, Module, ShaderStage, TypeInner};
 
@@ -42,12 +43,18 @@ fn parse_and_validate(
 }
 
 /// Bytes of workgroup memory, storage buffers bound, invocations per workgroup.
-fn resources(module: &Module) -> (u32, usize, u32) {
+/// Workgroup bytes, storage buffers and invocations of the entry point: the globals it uses
+/// (wgpu's derived layout holds those alone).
+fn resources(module: &Module, info: &ModuleInfo) -> (u32, usize, u32) {
     let mut layouter = naga::proc::Layouter::default();
     layouter.update(module.to_ctx()).expect("layout");
+    let used = info.get_entry_point(0);
     let mut workgroup_bytes = 0;
     let mut storage = 0;
-    for (_, var) in module.global_variables.iter() {
+    for (handle, var) in module.global_variables.iter() {
+        if used[handle].is_empty() {
+            continue;
+        }
         match var.space {
             AddressSpace::WorkGroup => workgroup_bytes += layouter[var.ty].size,
             AddressSpace::Storage { .. } => storage += 1,
@@ -131,16 +138,34 @@ fn every_variant_validates_specializes_fits_and_translates() {
                 &map,
             )
             .unwrap_or_else(|e| panic!("{} {constants:?}: overrides: {e}", variant.name()));
-            let (wg_bytes, storage, invocations) = resources(&module);
+            let (wg_bytes, storage, invocations) = resources(&module, &info);
             let what = format!("{} {constants:?}", variant.name());
             assert!(
                 wg_bytes <= limits.max_compute_workgroup_storage_size,
                 "{what}: {wg_bytes} bytes of workgroup memory"
             );
-            assert!(
-                storage <= limits.max_storage_buffers_per_shader_stage as usize,
-                "{what}: {storage} storage buffers"
-            );
+            // The attention kernels bind more than one pool buffer only where the device
+            // allows them (DeviceFit::pool_slots): each slot takes K and V, and the lanes
+            // kernel's wide shapes also their vec4 views. With one pool buffer (and the
+            // workgroup kernel with two) they fit WebGPU's defaults.
+            let (slots, views) = match (variant.kernel, variant.lanes) {
+                (Kernel::Paged, _) => (usize::from(variant.pool_slots.max(1)), 1),
+                (_, Some(l)) => (usize::from(l.pool_slots.max(1)), 1 + usize::from(l.wide)),
+                _ => (1, 0),
+            };
+            if views > 0 {
+                assert_eq!(
+                    storage,
+                    OTHER_STORAGE_BUFFERS + 2 * slots * views,
+                    "{what}: storage buffers"
+                );
+            }
+            let allowed = if slots > 1 && views > 0 {
+                OTHER_STORAGE_BUFFERS + 2 * slots * views
+            } else {
+                limits.max_storage_buffers_per_shader_stage as usize
+            };
+            assert!(storage <= allowed, "{what}: {storage} storage buffers");
             assert!(
                 invocations <= limits.max_compute_invocations_per_workgroup,
                 "{what}: {invocations} invocations"

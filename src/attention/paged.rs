@@ -5,8 +5,9 @@
 //! are cut into tiles (the whole GQA group of a decode token when it fits workgroup memory; a few
 //! tokens times the group for prefill). Each tile's visible key range is cut at fixed token
 //! splits ([`SPLIT_TOKENS`], split-K). A pool larger than one binding is split over buffers: the
-//! workgroup kernel binds up to [`BOUND_POOL_BUFFERS`] of them whole; otherwise a split is also
-//! cut where the sequence's blocks change buffer (ARCHITECTURE.md section 5). A workgroup computes a partial (o, lse) per row for one (work item, KV head); the
+//! workgroup kernel binds as many of them whole as the device's storage bindings allow
+//! ([`DeviceFit::pool_slots`], at most [`MAX_POOL_SLOTS`]); otherwise a split is also cut where
+//! the sequence's blocks change buffer (ARCHITECTURE.md section 5). A workgroup computes a partial (o, lse) per row for one (work item, KV head); the
 //! merge kernel combines a row's partials in key order and adds the sinks once.
 //!
 //! Two kernels run the same plan and write the same partial states: `paged.wgsl` (a workgroup
@@ -50,10 +51,13 @@ const MAX_QREG: usize = 32;
 const MAX_AREG: usize = 32;
 /// Most lanes sharing a key row.
 const MAX_KEY_LANES: u32 = 32;
-/// Pool buffers (K and V each) one dispatch of the workgroup kernel binds: a pool over at most
-/// this many is read whole by every dispatch, so splits never depend on which buffer holds a
-/// block.
-pub const BOUND_POOL_BUFFERS: usize = 2;
+/// Pool buffers (K and V each) one dispatch of the workgroup kernel binds at most: a pool over
+/// at most [`DeviceFit::pool_slots`] buffers (this many where the device allows it) is read
+/// whole by every dispatch, so splits never depend on which buffer holds a block.
+pub const MAX_POOL_SLOTS: usize = 8;
+/// Storage buffers of the workgroup kernel besides its pools (queries, the plan, the partial
+/// outputs and log-sum-exps).
+pub const OTHER_STORAGE_BUFFERS: usize = 4;
 /// Invocations per workgroup the workgroup kernel asks for at most.
 const MAX_WG: u32 = 256;
 /// Lane groups per workgroup at most: the groups combine one after the other at the end, and
@@ -77,6 +81,8 @@ pub struct DeviceFit {
     pub max_invocations: u32,
     /// Workgroup memory per workgroup, in bytes.
     pub workgroup_storage: u32,
+    /// Storage buffers one shader stage may bind.
+    pub storage_buffers: u32,
     /// Lanes per key forced by the caller (a power of two, 1 to 32).
     pub key_lanes: Option<u32>,
 }
@@ -88,6 +94,7 @@ impl DeviceFit {
         subgroup_min_size: 0,
         max_invocations: 256,
         workgroup_storage: 16384,
+        storage_buffers: 8,
         key_lanes: None,
     };
 
@@ -99,8 +106,19 @@ impl DeviceFit {
             subgroup_min_size: caps.subgroup_min_size,
             max_invocations: caps.max_compute_invocations_per_workgroup,
             workgroup_storage: caps.max_compute_workgroup_storage_size,
+            storage_buffers: caps.max_storage_buffers_per_shader_stage,
             key_lanes: caps.key_lanes,
         }
+    }
+
+    /// Pool buffers (K and V each) one dispatch of an attention kernel binds at most, with
+    /// `views` storage bindings per buffer and pool (1, or 2 for the lanes kernel's wide
+    /// shapes, which also bind vec4 views): what the storage bindings left by the kernel's
+    /// other [`OTHER_STORAGE_BUFFERS`] allow, from 1 to [`MAX_POOL_SLOTS`] (the workgroup
+    /// kernel: 2 under WebGPU's default 8).
+    pub fn pool_slots(&self, views: usize) -> usize {
+        ((self.storage_buffers as usize).saturating_sub(OTHER_STORAGE_BUFFERS) / (2 * views.max(1)))
+            .clamp(1, MAX_POOL_SLOTS)
     }
 }
 
@@ -526,6 +544,8 @@ fn lanes_representative(precision: Precision) -> Vec<(LanesShape, Vec<(&'static 
                 })),
                 wide: i % 2 == 0,
                 f16_convert: i % 4 == 0,
+                // One pool buffer, two (WebGPU's default limits) and the most.
+                pool_slots: [1, 2, MAX_POOL_SLOTS as u8][i % 3],
             };
             (shape, lanes_constants(set, usize::from(shape.tile)))
         })
@@ -732,8 +752,33 @@ mod tests {
             subgroup_min_size: 32,
             max_invocations: 1024,
             workgroup_storage: 49152,
+            storage_buffers: 1_000_000,
             key_lanes: None,
         };
+        // Pool slots: what the storage bindings leave, from 1 to MAX_POOL_SLOTS.
+        assert_eq!(gpu.pool_slots(1), MAX_POOL_SLOTS);
+        assert_eq!(DeviceFit::BASELINE.pool_slots(1), 2);
+        assert_eq!(DeviceFit::BASELINE.pool_slots(2), 1);
+        for (storage, one, two) in [
+            (0, 1, 1),
+            (5, 1, 1),
+            (6, 1, 1),
+            (16, 6, 3),
+            (19, 7, 3),
+            (20, 8, 4),
+            (32, 8, 7),
+            (64, 8, 8),
+        ] {
+            let fit = DeviceFit {
+                storage_buffers: storage,
+                ..gpu
+            };
+            assert_eq!(
+                (fit.pool_slots(1), fit.pool_slots(2)),
+                (one, two),
+                "{storage} storage buffers"
+            );
+        }
         // f16 rows of 128 values are 16 chunks: 16 lanes share a row, 256 invocations.
         let l = WorkgroupLayout::new(
             &shape(8, 128, 128),

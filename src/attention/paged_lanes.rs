@@ -40,6 +40,9 @@ pub struct LanesShape {
     /// f16 values are converted with `unpack2x16float` (the adapter has
     /// [`wgpu::DownlevelFlags::SHADER_F16_IN_F32`]) rather than by integer operations.
     pub f16_convert: bool,
+    /// Pool buffers (K and V each) a dispatch binds, at least 1
+    /// ([`pool_bindings`](crate::shader::pool_bindings) writes their declarations).
+    pub pool_slots: u8,
 }
 
 /// vec4 columns per four words of `dtype`.
@@ -53,10 +56,10 @@ pub fn columns_per_word4(dtype: KvDtype) -> u8 {
 }
 
 impl LanesShape {
-    /// `t4 k32 r0 o32 w2/2 wide cvt` (for shader names).
+    /// `t4 k32 r0 o32 w2/2 wide cvt p3` (for shader names; `p3`: three pool slots).
     pub fn name(&self) -> String {
         format!(
-            "t{} k{} r{} o{} w{}/{}{}{}",
+            "t{} k{} r{} o{} w{}/{}{}{}{}",
             self.tile,
             self.k_cols,
             self.rope_cols,
@@ -64,7 +67,11 @@ impl LanesShape {
             self.k_qpw,
             self.v_qpw,
             if self.wide { " wide" } else { "" },
-            if self.f16_convert { " cvt" } else { "" }
+            if self.f16_convert { " cvt" } else { "" },
+            match self.pool_slots {
+                0 | 1 => String::new(),
+                n => format!(" p{n}"),
+            }
         )
     }
 
@@ -155,7 +162,7 @@ impl LanesShape {
                         let _ = writeln!(w, "            d_{t} += dot(q_{t}_{c}, k);");
                     }
                 };
-                self.columns(w, ("0u", "K_DTYPE", self.k_qpw), k_cols, &dots);
+                self.columns(w, ("kp", "K_DTYPE", self.k_qpw), k_cols, &dots);
             }
             "rope_dots" => {
                 for t in rows.clone() {
@@ -165,7 +172,7 @@ impl LanesShape {
                     let _ = writeln!(w, "        {{");
                     let _ = writeln!(
                         w,
-                        "            let k = vec4<f32>(real4(kv_load4(1u, row, {c}u)));"
+                        "            let k = vec4<f32>(real4(kv_load4(kp + 1u, row, {c}u)));"
                     );
                     for t in rows.clone() {
                         let _ = writeln!(w, "            d_{t} += dot(qr_{t}_{c}, k);");

@@ -352,11 +352,16 @@ impl PagedAttentionPlan {
             AttentionKernel::Lanes if lanes_fit(&shape, geometry) => AttentionKernel::Lanes,
             _ => AttentionKernel::Workgroup,
         };
+        let fit = DeviceFit::of(ctx);
         let layout = match kernel {
-            AttentionKernel::Workgroup => {
-                Some(WorkgroupLayout::new(&shape, geometry, &DeviceFit::of(ctx))?)
-            }
+            AttentionKernel::Workgroup => Some(WorkgroupLayout::new(&shape, geometry, &fit)?),
             AttentionKernel::Lanes => None,
+        };
+        // Storage bindings per pool buffer: one view, and the lanes kernel's vec4 views of
+        // rows on 16-byte boundaries.
+        let views = match kernel {
+            AttentionKernel::Lanes if rows_aligned(&geometry.k, &geometry.v) => 2,
+            _ => 1,
         };
         let full_tile = layout.map_or_else(|| lanes_tile(&shape), |l| l.full_tile);
         let max_rows = max_len_q.saturating_mul(shape.group());
@@ -372,6 +377,7 @@ impl PagedAttentionPlan {
             geometry: *geometry,
             per_dispatch: items_per_dispatch(kernel, max_x, shape.num_kv_heads),
             max_x,
+            slot_budget: fit.pool_slots(views),
         })
     }
 
@@ -616,15 +622,7 @@ impl PagedAttentionPlan {
         let constants = match kernel {
             Kernel::Merge => crate::attention::merge::constants(&f.shape, f.tile),
             Kernel::PagedLanes => lanes_constants(attention(None), f.tile),
-            _ => {
-                let mut set = attention(f.layout.as_ref());
-                if kernel == Kernel::Paged {
-                    // Both slots are read only where a pool of two buffers is bound whole.
-                    let two = f.binds_whole_pool() && f.geometry.num_buffers > 1;
-                    set.push(("POOL_SLOTS", if two { 2.0 } else { 1.0 }));
-                }
-                set
-            }
+            _ => attention(f.layout.as_ref()),
         };
         let subgroups =
             kernel.has_subgroup_variant() && f.layout.is_some_and(|layout| layout.subgroups);
@@ -637,6 +635,12 @@ impl PagedAttentionPlan {
                     f.layout.map(|layout| layout.shape(f.tile))
                 } else {
                     None
+                },
+                // At most MAX_POOL_SLOTS (8), so the u8 holds it.
+                pool_slots: if kernel == Kernel::Paged {
+                    f.pool_slots() as u8
+                } else {
+                    1
                 },
                 ..ShaderVariant::new(kernel, precision)
             },
@@ -658,6 +662,8 @@ impl PagedAttentionPlan {
             v_qpw: columns_per_word4(if mla { k.dtype } else { v.dtype }),
             wide: rows_aligned(k, v),
             f16_convert: self.f16_convert,
+            // At most MAX_POOL_SLOTS (8), so the u8 holds it.
+            pool_slots: f.pool_slots() as u8,
         }
     }
 
@@ -753,53 +759,45 @@ impl PagedAttentionPlan {
             offset: 0,
             size: b.size(),
         };
-        // What each dispatch's pool bindings hold: for the workgroup kernel a pool of at most
-        // two buffers is bound whole (slot 1 repeats slot 0 for one buffer), else each
-        // dispatch binds the one buffer its items read, in both slots.
-        let sets: Vec<(usize, [(&wgpu::Buffer, &wgpu::Buffer); 2])> =
+        // What each dispatch's pool bindings hold: the whole pool, one slot per buffer, where
+        // the workgroup kernel binds it whole, else the one buffer the dispatch's items read.
+        let sets: Vec<(usize, Vec<(&wgpu::Buffer, &wgpu::Buffer)>)> =
             if self.fixed.binds_whole_pool() {
-                let first = pools.iter().find(|(b, _)| *b == 0).map(|(_, p)| *p);
-                let second = pools.iter().find(|(b, _)| *b == 1).map(|(_, p)| *p);
-                match (first, second) {
-                    (Some(a), Some(b)) => vec![(0, [a, b])],
-                    (Some(a), None) if self.fixed.geometry.num_buffers == 1 => vec![(0, [a, a])],
-                    _ => {
-                        return Err(Error::InvalidArgument(
-                            "paged attention: the plan binds the whole pool, and a pool buffer is \
+                let all: Option<Vec<_>> = (0..self.fixed.geometry.num_buffers)
+                    .map(|b| pools.iter().find(|(i, _)| *i == b).map(|(_, p)| *p))
+                    .collect();
+                let all = all.ok_or_else(|| {
+                    Error::InvalidArgument(
+                        "paged attention: the plan binds the whole pool, and a pool buffer is \
                          missing"
-                                .into(),
-                        ))
-                    }
-                }
+                            .into(),
+                    )
+                })?;
+                vec![(0, all)]
             } else {
-                pools.iter().map(|&(b, p)| (b, [p, p])).collect()
+                pools.iter().map(|&(b, p)| (b, vec![p])).collect()
             };
         // The bind group of every slot of these pool buffers, used this step or not: a later
         // step whose items reach another buffer (or chunk) then finds its bind group ready.
         let cpb = self.size.chunks_per_buffer;
         let mut groups = HashMap::new();
-        for &(buffer, pairs) in &sets {
+        for (buffer, slots) in &sets {
             for slot in buffer * cpb..(buffer + 1) * cpb {
                 // A plan made for one batch binds only what it records.
                 if !self.eager_bind && !self.step.dispatches.iter().any(|d| self.slot(d) == slot) {
                     continue;
                 }
-                let key = BindKey {
-                    slot,
-                    bound: vec![
-                        whole(pairs[0].0),
-                        whole(pairs[0].1),
-                        whole(scales.0),
-                        whole(scales.1),
-                        q.clone(),
-                        whole(pairs[1].0),
-                        whole(pairs[1].1),
-                    ],
-                };
+                // Scales, queries, then the pools slot by slot (K, V).
+                let mut bound = vec![whole(scales.0), whole(scales.1), q.clone()];
+                for (k, v) in slots {
+                    bound.extend([whole(k), whole(v)]);
+                }
+                let key = BindKey { slot, bound };
                 let group = self.bind_group(key, |key| {
-                    let [k, v, sk, sv, q, k1, v1] = &key.bound[..] else {
-                        unreachable!("seven bound buffers")
+                    let [sk, sv, q, pools @ ..] = &key.bound[..] else {
+                        unreachable!("scales, queries and pools are bound")
                     };
+                    let (k, v) = (&pools[0], &pools[1]);
                     let mut resources = vec![
                         self.params[slot].as_entire_binding(),
                         q.resource(),
@@ -811,14 +809,12 @@ impl PagedAttentionPlan {
                         sk.buffer.as_entire_binding(),
                         sv.buffer.as_entire_binding(),
                     ];
-                    if !lanes {
-                        // The workgroup kernel's slot-1 pools.
-                        resources
-                            .extend([k1.buffer.as_entire_binding(), v1.buffer.as_entire_binding()]);
-                    } else if wide {
-                        // The lanes kernel's vec4 views of the same pools.
-                        resources
-                            .extend([k.buffer.as_entire_binding(), v.buffer.as_entire_binding()]);
+                    // The pools of slots 1 and up (bindings 9, 10, ...), then the lanes
+                    // kernel's vec4 views of every slot's pools where its shape reads them
+                    // (shader::pool_bindings numbers them so).
+                    resources.extend(pools[2..].iter().map(|b| b.buffer.as_entire_binding()));
+                    if wide {
+                        resources.extend(pools.iter().map(|b| b.buffer.as_entire_binding()));
                     }
                     ctx.bind_group("paged attention", &pipeline, &resources)
                 })?;

@@ -24,18 +24,29 @@ pub(crate) struct Fixed {
     pub per_dispatch: usize,
     /// The adapter's workgroups per dimension.
     pub max_x: usize,
+    /// Pool buffers (K and V each) one dispatch of the kernel may bind
+    /// ([`DeviceFit::pool_slots`](super::paged::DeviceFit::pool_slots)).
+    pub slot_budget: usize,
 }
 
 impl Fixed {
     /// Whether every dispatch binds the whole pool (all its buffers), so that items are never
-    /// cut where a sequence's blocks change buffer: the workgroup kernel over a pool of at
-    /// most [`BOUND_POOL_BUFFERS`](super::paged::BOUND_POOL_BUFFERS) buffers, unless the
-    /// caller dispatches buffer by buffer. Then a row's splits depend on its sequence's length
-    /// alone, never on which buffer the allocator put a block in.
+    /// cut where a sequence's blocks change buffer: a pool of at most
+    /// [`slot_budget`](Self::slot_budget) buffers (what the device's storage bindings allow
+    /// the kernel), unless the caller dispatches buffer by buffer. Then a row's splits depend
+    /// on its sequence's length alone, never on which buffer the allocator put a block in.
     pub fn binds_whole_pool(&self) -> bool {
-        self.kernel == AttentionKernel::Workgroup
-            && !self.geometry.per_buffer
-            && self.geometry.num_buffers <= super::paged::BOUND_POOL_BUFFERS
+        !self.geometry.per_buffer && self.geometry.num_buffers <= self.slot_budget
+    }
+
+    /// Pool buffers each attend dispatch binds: all of them where it
+    /// [binds the whole pool](Self::binds_whole_pool), else one.
+    pub fn pool_slots(&self) -> usize {
+        if self.binds_whole_pool() {
+            self.geometry.num_buffers.max(1)
+        } else {
+            1
+        }
     }
 }
 

@@ -1135,3 +1135,103 @@ fn results_do_not_depend_on_which_pool_buffer_holds_a_block() {
         assert_eq!(bits(&a.lse), bits(&c.lse), "len_q {len_q}: lse differ");
     }
 }
+
+#[test]
+fn a_pool_over_many_buffers_gives_the_bits_of_a_pool_in_one_buffer() {
+    // Both kernels bind a pool whole where the device's storage bindings allow
+    // (DeviceFit::pool_slots: the workgroup kernel 8 pool buffers on lavapipe's 32 bindings
+    // and 6 on llvmpipe's 16; the lanes kernel, which also binds vec4 views of these rows, 7
+    // and 3): a sequence whose blocks are scattered over three or five buffers gets the
+    // splits, and the bits, of the same sequence in a pool of one buffer, in decode and in a
+    // prefill chunk.
+    let shape = AttentionShape {
+        num_q_heads: 6,
+        num_kv_heads: 3,
+        head_dim_qk: 80,
+        head_dim_v: 80,
+    };
+    let cfg = PagedKvConfig {
+        block_size: 8,
+        prefix_caching: false,
+        ..PagedKvConfig::new(1, 3, 80, KvDtype::Int8)
+    };
+    // int8 rows with a scale each, 3 KV heads, 8 slots a block; 389 keys take 49 of the 60.
+    let block_bytes = cfg.k_layout().block_bytes();
+    let (pool_blocks, len_k) = (60, 389);
+    let b = HostBatch::new(shape, &[(len_k, 13)], 91);
+    let run = |ctx: &Context, len_q: usize| {
+        let mut cache = PagedKvCache::new(ctx, cfg.clone(), PoolSize::Blocks(pool_blocks)).unwrap();
+        cache.shuffle_free_blocks(5);
+        cache.add_sequence(0, &[]).unwrap();
+        cache
+            .append_host(
+                ctx,
+                0,
+                &vec![0; len_k],
+                &[b.k[0].clone()],
+                &[b.v[0].clone()],
+            )
+            .unwrap();
+        let pool = &cache.layer(0).unwrap().k;
+        let bpb = pool.blocks_per_buffer() as u32;
+        let table = cache.allocator().blocks(0).unwrap().to_vec();
+        let used: std::collections::BTreeSet<u32> = table.iter().map(|&x| x / bpb).collect();
+        let buffers = (pool.buffers().len(), used.len());
+        let opts = AttentionOptions {
+            causal: true,
+            ..Default::default()
+        };
+        let batch = [PagedQuery { seq: 0, len_q }];
+        let args = PagedAttentionArgs {
+            layer: 0,
+            batch: &batch,
+            shape,
+            options: &opts,
+            precision: Precision::F32,
+        };
+        let plan = PagedAttentionPlan::new(ctx, &cache, &args).unwrap();
+        assert_eq!(plan.kernel(), ctx.caps().attention_kernel);
+        let rows = len_q * shape.num_q_heads * shape.head_dim_qk;
+        let out = paged_attention_host(ctx, &cache, &args, &b.q[..rows]).unwrap();
+        (buffers, plan.num_items(), out)
+    };
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let kernels = [
+        (AttentionKernel::Workgroup, 1, 5),
+        (AttentionKernel::Lanes, 2, 3),
+    ];
+    for (kernel, views, buffers) in kernels {
+        let open = |cap: Option<u64>| {
+            Context::with_options(&ContextOptions {
+                max_storage_binding_cap: cap,
+                attention_kernel: Some(kernel),
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        let one = open(None);
+        let many = open(Some(pool_blocks as u64 / buffers as u64 * block_bytes));
+        let slots = kvattn::attention::paged::DeviceFit::of(&many).pool_slots(views);
+        assert!(
+            slots >= buffers,
+            "{kernel:?}: this adapter binds {slots} pool buffers at once ({} storage buffers \
+             per stage); the test needs {buffers}",
+            many.caps().max_storage_buffers_per_shader_stage
+        );
+        for len_q in [1, 13] {
+            let what = format!("{kernel:?}, len_q {len_q}");
+            let (in_one, items_a, a) = run(&one, len_q);
+            let (in_many, items_b, c) = run(&many, len_q);
+            assert_eq!(in_one, (1, 1), "{what}: the first pool is one buffer");
+            assert_eq!(in_many.0, buffers, "{what}: the capped pool's buffers");
+            assert!(
+                in_many.1 >= buffers - 1,
+                "{what}: the shuffled blocks lie in {} of the {buffers} buffers",
+                in_many.1
+            );
+            assert_eq!(items_a, items_b, "{what}: the same splits");
+            assert_eq!(bits(&a.out), bits(&c.out), "{what}: outputs differ");
+            assert_eq!(bits(&a.lse), bits(&c.lse), "{what}: lse differ");
+        }
+    }
+}
