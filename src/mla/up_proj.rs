@@ -1,13 +1,17 @@
 //! The up-projection MLA path: latent rows expanded to per-head K and V, attended by the
 //! ordinary paged kernel, chunk by chunk.
 //!
-//! The batch's keys (every sequence's cached tokens, sequence after sequence) are numbered
-//! globally and cut into chunks of `chunk` keys. For each chunk the latent rows are decoded from
-//! the latent pools (`dequantize_gather`), expanded to `K[t, h] = [W_UK[h] c_kv_t ; k_pe_t]` and
+//! Each sequence's cached keys are cut into pieces of `min(SPLIT_TOKENS, capacity)` keys from
+//! its first key (`capacity`: the keys one binding holds expanded, or the caller's
+//! `up_proj_chunk`), and whole pieces are packed into chunks of at most `capacity` keys in
+//! batch order. For each chunk the latent rows are decoded from the latent pools
+//! (`dequantize_gather`), expanded to `K[t, h] = [W_UK[h] c_kv_t ; k_pe_t]` and
 //! `V[t, h] = W_UV[h]^T c_kv_t` in one scratch pair, and the attention kernel runs over them as
-//! if they were pool buffer `chunk index` of an f32 MHA cache with block size 1 (block id =
-//! global key). The plan cuts work items at chunk boundaries as it cuts them at pool buffer
-//! boundaries, so the chunks' partial states are merged once, in key order, at the end.
+//! if they were pool buffer `chunk index` of an f32 MHA cache with block size 1. The plan cuts
+//! work items at chunk boundaries as it cuts them at pool buffer boundaries, which fall on piece
+//! boundaries only, so a row's splits depend on its own sequence (and the binding size), never
+//! on the rest of the batch; the chunks' partial states are merged once, in key order, at the
+//! end.
 
 use super::cache::MlaCache;
 use super::head_matmul::{HeadMatmul, RowStrides};
@@ -33,8 +37,8 @@ type ChunkGather = Vec<(usize, Vec<(u32, u32)>)>;
 pub(crate) struct UpProjPlan {
     shape: MlaShape,
     total_q: usize,
-    total_k: usize,
-    chunk: usize,
+    /// Keys of each chunk.
+    fills: Vec<usize>,
     attention: PagedAttentionPlan,
     gathers: Vec<ChunkGather>,
     /// `[total_q, H, d_nope + d_rope]`.
@@ -90,36 +94,62 @@ impl UpProjPlan {
         let alloc = latent.allocator();
         let pools = latent.layer(0)?;
         let (bs, bpb) = (latent.config().block_size, pools.k.blocks_per_buffer());
-        // Every sequence's keys, numbered globally; its table maps key j to block k_base + j.
-        let mut seqs = Vec::with_capacity(args.batch.len());
-        let mut latent_rows: Vec<(usize, u32)> = Vec::new();
-        let (mut q_base, mut k_base) = (0, 0);
+        // Each sequence's keys are cut into pieces at multiples of `piece` from its first key,
+        // and whole pieces are packed into chunks in batch order. A chunk is a pool buffer of
+        // the attention plan, which cuts work items where a sequence's keys change buffer:
+        // here only at piece boundaries, which depend on the sequence and the device's binding
+        // size alone (with chunks of at least SPLIT_TOKENS keys, at split boundaries, which cut
+        // items anyway), so a row's splits, and its bits, never depend on the rest of the
+        // batch.
+        let capacity = chunk_tokens(ctx, &s, args.up_proj_chunk)?;
+        let piece = capacity.min(SPLIT_TOKENS);
+        // Per chunk: (pool buffer, pool row) of each latent row it holds.
+        let mut chunks: Vec<Vec<(usize, u32)>> = Vec::new();
+        // Per sequence: (chunk, row in the chunk) of each key.
+        let mut placed: Vec<Vec<(usize, usize)>> = Vec::with_capacity(args.batch.len());
+        let mut lens = Vec::with_capacity(args.batch.len());
         for query in args.batch {
             let len_k = alloc.len(query.seq)?;
             let table = alloc.blocks(query.seq)?;
-            for j in 0..len_k {
-                let block = table[j / bs] as usize;
-                let row = (block % bpb) * bs + j % bs;
-                latent_rows.push((block / bpb, row as u32));
+            let mut keys = Vec::with_capacity(len_k);
+            for p0 in (0..len_k).step_by(piece) {
+                let n = piece.min(len_k - p0);
+                if chunks.last().is_none_or(|c| c.len() + n > capacity) {
+                    chunks.push(Vec::new());
+                }
+                let b = chunks.len() - 1;
+                let rows = &mut chunks[b];
+                for j in p0..p0 + n {
+                    let block = table[j / bs] as usize;
+                    keys.push((b, rows.len()));
+                    rows.push((block / bpb, ((block % bpb) * bs + j % bs) as u32));
+                }
             }
-            seqs.push(SeqSpec {
-                q_base,
-                len_q: query.len_q,
-                len_k,
-                table: (k_base..k_base + len_k).map(|b| b as u32).collect(),
-            });
-            q_base += query.len_q;
-            k_base += len_k;
+            placed.push(keys);
+            lens.push((query.len_q, len_k));
         }
-        let total_k = k_base;
-        let chunk = chunk_tokens(ctx, &s, args.up_proj_chunk)?.min(total_k.max(1));
-        if total_k > u32::MAX as usize {
+        // Rows of the scratch chunk: the fullest chunk's. Key ids are chunk * chunk_rows + row.
+        let chunk = chunks.iter().map(Vec::len).max().unwrap_or(1).max(1);
+        if chunks.len().saturating_mul(chunk) > u32::MAX as usize {
             return Err(Error::InvalidArgument(format!(
-                "{total_k} keys exceed the u32 block ids of the expanded cache"
+                "{} chunks of {chunk} keys exceed the u32 block ids of the expanded cache",
+                chunks.len()
             )));
         }
-        let gathers = latent_rows
-            .chunks(chunk)
+        let mut seqs = Vec::with_capacity(args.batch.len());
+        let mut q_base = 0;
+        for (keys, &(len_q, len_k)) in placed.iter().zip(&lens) {
+            seqs.push(SeqSpec {
+                q_base,
+                len_q,
+                len_k,
+                table: keys.iter().map(|&(b, r)| (b * chunk + r) as u32).collect(),
+            });
+            q_base += len_q;
+        }
+        let fills: Vec<usize> = chunks.iter().map(Vec::len).collect();
+        let gathers = chunks
+            .iter()
             .map(|rows| {
                 let mut by_buffer: ChunkGather = Vec::new();
                 for (i, &(buffer, row)) in rows.iter().enumerate() {
@@ -172,8 +202,7 @@ impl UpProjPlan {
         Ok(Self {
             shape: s,
             total_q,
-            total_k,
-            chunk,
+            fills,
             attention,
             gathers,
             q_cat: ctx.filled("mla q_cat", total_q * h * dq, crate::gpu::UNWRITTEN)?,
@@ -243,8 +272,7 @@ impl UpProjPlan {
             head: 0,
         };
         let mut expansions = Vec::with_capacity(self.gathers.len());
-        for b in 0..self.gathers.len() {
-            let rows = self.chunk.min(self.total_k - b * self.chunk);
+        for &rows in &self.fills {
             // K_nope[t, h, n] = sum_r c_kv[t, r] W_UK[h, n, r], into columns 0..d_nope.
             let k_nope = HeadMatmul {
                 rows,

@@ -297,6 +297,76 @@ fn deepseek_v2_shapes_both_paths_agree_with_reference_and_each_other() {
 }
 
 #[test]
+fn a_sequence_gets_the_same_bits_alone_or_batched_on_both_paths() {
+    // The up-projection path packs whole pieces of each sequence's keys into chunks (pieces of
+    // min(SPLIT_TOKENS, chunk) keys from the sequence's first key), so where a sequence sits in
+    // the batch never moves a chunk boundary inside it: its rows get the same bits alone and
+    // behind other sequences, with chunks smaller and larger than its keys. The absorbed path
+    // (the paged kernel over the latent pool) likewise.
+    let ctx = gpu_capped();
+    let shape = small_shapes()[1];
+    let lens = [(9, 40), (1, 130), (70, 70), (1, 37)];
+    let b = HostMla::new(shape, &lens, 4242);
+    let cache = b.cache(ctx, config(&shape, KvDtype::F16, 16));
+    let (cu_q, _) = b.offsets();
+    let (hn, hr) = (
+        shape.num_heads * shape.d_nope,
+        shape.num_heads * shape.d_rope,
+    );
+    let weights = MlaWeights::upload(ctx, &shape, &b.w_uk, &b.w_uv).unwrap();
+    let run = |seqs: &[usize], path: MlaPath, chunk: Option<usize>| {
+        let batch: Vec<PagedQuery> = seqs
+            .iter()
+            .map(|&i| PagedQuery {
+                seq: i as u64,
+                len_q: lens[i].0,
+            })
+            .collect();
+        let rows = |x: &[f32], w: usize| -> Vec<f32> {
+            seqs.iter()
+                .flat_map(|&i| x[cu_q[i] as usize * w..cu_q[i + 1] as usize * w].to_vec())
+                .collect()
+        };
+        let args = MlaArgs {
+            layer: 0,
+            batch: &batch,
+            shape,
+            scale: None,
+            precision: Precision::F32,
+            path,
+            up_proj_chunk: chunk,
+        };
+        let (q_nope, q_pe) = (rows(&b.q_nope, hn), rows(&b.q_pe, hr));
+        mla_host(ctx, &cache, &weights, &args, &q_nope, &q_pe).unwrap()
+    };
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let (ho, hl) = (shape.num_heads * shape.d_v, shape.num_heads);
+    for (path, chunk) in [
+        (MlaPath::Absorbed, None),
+        (MlaPath::UpProj, Some(23)),
+        (MlaPath::UpProj, Some(100)),
+        (MlaPath::UpProj, None),
+    ] {
+        let all = run(&[0, 1, 2, 3], path, chunk);
+        for i in 0..lens.len() {
+            let alone = run(&[i], path, chunk);
+            let (q0, q1) = (cu_q[i] as usize, cu_q[i + 1] as usize);
+            let what = format!("{} chunk {chunk:?}, sequence {i}", path.name());
+            assert_eq!(
+                bits(&alone.out),
+                bits(&all.out[q0 * ho..q1 * ho]),
+                "{what}: outputs differ"
+            );
+            assert_eq!(
+                bits(&alone.lse),
+                bits(&all.lse[q0 * hl..q1 * hl]),
+                "{what}: lse differ"
+            );
+        }
+    }
+}
+
+#[test]
 fn bad_input_is_refused() {
     let ctx = gpu();
     let shape = MlaShape {
