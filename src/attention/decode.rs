@@ -1,16 +1,22 @@
 //! Decode attention (one query token per sequence) over a contiguous KV cache.
 //!
 //! K and V are laid out as in the FlashAttention varlen convention, `[total_k, Hkv, d]`, in f32,
-//! f16 or bf16 storage (packed into u32 words as ARCHITECTURE.md section 6 says). That is exactly a
-//! paged pool with one-token blocks whose block table is the identity, so this runs the paged
-//! kernel ([`super::paged`]): a workgroup serves one (sequence, KV head, split) and the GQA group
-//! of its query (the whole group when it fits workgroup memory), so each K/V row is read once
-//! per tile.
+//! f16 or bf16 storage (packed into u32 words as ARCHITECTURE.md section 6 says, rows back to
+//! back). Where every row is a whole number of 16-byte units (f32 at any head dim, f16/bf16 at
+//! multiples of 8) that is exactly a paged pool with one-token blocks whose block table is the
+//! identity; otherwise a pool pads each row to 16 bytes ([`KvDtype::row_stride`]), so the rows
+//! are first copied on the GPU into a zeroed temporary pool of that layout
+//! ([`crate::mla::strided_copy`], recorded in the same pass). Either way this runs the paged
+//! kernel ([`super::paged`]) over that pool, with the bits of a pool-based run over the same
+//! rows: a workgroup serves one (sequence, KV head, split) and the GQA group of its query (the
+//! whole group when it fits workgroup memory), so each K/V row is read once per tile.
 
 use super::paged::{self, KvGeometry, PagedAttentionArgs, PagedAttentionPlan, SeqSpec};
 use crate::attention::{AttentionOptions, AttentionShape, RaggedBatch};
 use crate::cache::pool::PoolLayout;
+use crate::gpu::dispatch::RowStrides;
 use crate::gpu::Context;
+use crate::mla::strided_copy::{PreparedCopy, StridedCopy};
 use crate::quant::{encode_rows, KvDtype, ScaleMode};
 use crate::reference::AttentionOutput;
 use crate::shader::Precision;
@@ -30,10 +36,12 @@ pub struct DecodeArgs<'a> {
     pub precision: Precision,
     /// `[num_seqs, Hq, d_qk]` f32.
     pub q: &'a wgpu::Buffer,
-    /// K rows `[total_k, Hkv, d_qk]` packed in `k_dtype`, in a buffer of at least their bytes
-    /// rounded up to a multiple of 16 (the kernel reads 16 bytes at a time).
+    /// K rows `[total_k, Hkv, d_qk]` packed in `k_dtype`, back to back (no padding between
+    /// rows), in a buffer of at least their bytes rounded up to a multiple of 16 (the kernel
+    /// reads 16 bytes at a time). Rows that are not whole 16-byte units (f16/bf16 at head dims
+    /// that are not multiples of 8) are re-laid into a temporary padded pool first.
     pub k: &'a wgpu::Buffer,
-    /// V rows `[total_k, Hkv, d_v]` packed in `v_dtype`, padded like `k`.
+    /// V rows `[total_k, Hkv, d_v]` packed in `v_dtype`, laid out like `k`.
     pub v: &'a wgpu::Buffer,
     /// Storage format of K.
     pub k_dtype: KvDtype,
@@ -73,22 +81,6 @@ impl DecodeArgs<'_> {
         }
         self.k_dtype.check_head_dim(shape.head_dim_qk)?;
         self.v_dtype.check_head_dim(shape.head_dim_v)?;
-        // `[total_k, Hkv, d]` is a pool of one-token blocks only where rows need no 16-byte
-        // padding (`KvDtype::row_stride`).
-        for (dtype, d) in [
-            (self.k_dtype, shape.head_dim_qk),
-            (self.v_dtype, shape.head_dim_v),
-        ] {
-            if dtype.row_stride(d) != dtype.words_per_row(d) {
-                return Err(Error::UnsupportedHeadDim {
-                    head_dim: d,
-                    reason: format!(
-                        "the contiguous decode kernel reads {dtype} rows of whole 16-byte units: \
-                         a multiple of 8"
-                    ),
-                });
-            }
-        }
         if self.precision == Precision::F16 && !ctx.caps().shader_f16 {
             return Err(Error::MissingFeature("shader-f16"));
         }
@@ -121,7 +113,136 @@ impl DecodeArgs<'_> {
         )?;
         check_buffer("out", self.out, num_seqs * hq * shape.head_dim_v as u64 * 4)?;
         check_buffer("lse", self.lse, num_seqs * hq * 4)?;
+        self.check_usage()
+    }
+
+    /// Checks that every buffer is a storage buffer and that `out` and `lse` are distinct, so
+    /// that nothing the caller passed is refused once the K/V copies are recorded.
+    fn check_usage(&self) -> Result<()> {
+        for (name, buffer) in [
+            ("q", self.q),
+            ("k", self.k),
+            ("v", self.v),
+            ("out", self.out),
+            ("lse", self.lse),
+        ] {
+            if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+                return Err(Error::InvalidArgument(format!(
+                    "{name} buffer was not created with STORAGE usage"
+                )));
+            }
+        }
+        if self.out == self.lse {
+            return Err(Error::InvalidArgument(
+                "out and lse overlap in one buffer".into(),
+            ));
+        }
         Ok(())
+    }
+
+    /// The number of keys, `cu_seqlens_k`'s last entry (after [`validate`](Self::validate)).
+    fn total_k(&self) -> usize {
+        self.cu_seqlens_k.last().map_or(0, |&k| k as usize)
+    }
+
+    /// The pool of one-token blocks the kernel reads: K and V layouts, one buffer of `total_k`
+    /// blocks.
+    fn geometry(&self) -> KvGeometry {
+        let layout = |dtype, head_dim| PoolLayout {
+            num_kv_heads: self.shape.num_kv_heads,
+            head_dim,
+            dtype,
+            block_size: 1,
+            scale: ScaleMode::PerRow,
+        };
+        KvGeometry {
+            k: layout(self.k_dtype, self.shape.head_dim_qk),
+            v: layout(self.v_dtype, self.shape.head_dim_v),
+            blocks_per_buffer: self.total_k(),
+            num_buffers: 1,
+            per_buffer: false,
+            mla: false,
+        }
+    }
+
+    /// One decode query per sequence over its keys, block table the identity.
+    fn seqs(&self) -> Vec<SeqSpec> {
+        self.cu_seqlens_k
+            .windows(2)
+            .enumerate()
+            .map(|(i, w)| SeqSpec {
+                q_base: i,
+                len_q: 1,
+                len_k: (w[1] - w[0]) as usize,
+                table: (w[0]..w[1]).collect(),
+            })
+            .collect()
+    }
+}
+
+/// K or V rows as the kernel reads them: a pool of one-token blocks.
+enum PoolRows<'a> {
+    /// The caller's rows already are that pool (every row a whole number of 16-byte units).
+    Caller(&'a wgpu::Buffer),
+    /// A zeroed temporary pool and the copy that fills its rows from the caller's.
+    Padded {
+        pool: wgpu::Buffer,
+        copy: PreparedCopy,
+    },
+}
+
+impl<'a> PoolRows<'a> {
+    /// The rows of `buffer` (`[total_k, Hkv, d]`, `words_per_row` words each, back to back) as
+    /// a pool of `layout` (one-token blocks): the buffer itself where the layouts agree, else a
+    /// new pool of `total_k` blocks and its copy, prepared (nothing recorded).
+    fn new(
+        ctx: &Context,
+        what: &str,
+        buffer: &'a wgpu::Buffer,
+        layout: &PoolLayout,
+        total_k: usize,
+    ) -> Result<Self> {
+        let wpr = layout.words_per_row();
+        if layout.row_stride() == wpr {
+            return Ok(Self::Caller(buffer));
+        }
+        let copy = StridedCopy {
+            rows: total_k,
+            heads: layout.num_kv_heads,
+            n: wpr,
+            src: RowStrides::dense(0, layout.num_kv_heads, wpr),
+            dst: RowStrides {
+                offset: layout.row_in_block(0, 0),
+                row: layout.block_words(),
+                head: layout.row_in_block(1, 0),
+            },
+        };
+        // Fresh buffers are zeroed: the padding words are 0, as in a pool.
+        let pool = ctx.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(what),
+            size: (total_k as u64)
+                .checked_mul(layout.block_bytes())
+                .ok_or_else(|| Error::InvalidArgument(format!("{what}: size overflows")))?,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        })?;
+        let copy = copy.prepare(ctx, buffer, &pool)?;
+        Ok(Self::Padded { pool, copy })
+    }
+
+    /// Records the copy into the temporary pool, if any.
+    fn encode_copy(&self, pass: &mut wgpu::ComputePass<'_>) {
+        if let Self::Padded { copy, .. } = self {
+            copy.encode(pass);
+        }
+    }
+
+    /// The buffer the kernel binds.
+    fn pool(&self) -> &wgpu::Buffer {
+        match self {
+            Self::Caller(buffer) => buffer,
+            Self::Padded { pool, .. } => pool,
+        }
     }
 }
 
@@ -134,70 +255,48 @@ pub fn decode(ctx: &Context, args: &DecodeArgs) -> Result<()> {
 
 /// Records decode attention into `pass`; submits nothing. Its plan's metadata is written with
 /// [`Context::write_buffer`] and lands at the next submission, which must contain this pass.
-/// Everything is checked and every bind group made before anything is recorded.
+/// Where K or V rows are not whole 16-byte units (f16/bf16 at head dims that are not multiples
+/// of 8), a copy of them into a temporary padded pool (kvattn's own buffer, kept alive by the
+/// recorded pass) is recorded before the attention. Every argument is checked, the plan and the
+/// temporary pools made and the copies' bind groups made before anything is recorded; the
+/// attention's bind groups are made (and its dispatches recorded) after the copies.
 ///
 /// # Errors
-/// What [`DecodeArgs::validate`] refuses; [`Error::InvalidArgument`] for a buffer without
-/// `STORAGE` usage; [`Error::Wgpu`] for a buffer the device refuses to bind.
+/// What [`DecodeArgs::validate`] refuses (a buffer without `STORAGE` usage, `out` and `lse` the
+/// same buffer included); [`Error::Wgpu`] or [`Error::OutOfMemory`] when the device refuses a
+/// binding or a temporary pool. Only a device refusing to bind `q`, `out` or `lse` (buffers of
+/// another device) can fail once copies are recorded, and those copies write nothing but the
+/// temporary pools.
 pub fn encode_decode(
     ctx: &Context,
     pass: &mut wgpu::ComputePass<'_>,
     args: &DecodeArgs,
 ) -> Result<()> {
     args.validate(ctx)?;
-    let shape = args.shape;
-    let cu = args.cu_seqlens_k;
-    let total_k = cu[cu.len() - 1] as usize;
-    let seqs: Vec<SeqSpec> = cu
-        .windows(2)
-        .enumerate()
-        .map(|(i, w)| SeqSpec {
-            q_base: i,
-            len_q: 1,
-            len_k: (w[1] - w[0]) as usize,
-            table: (w[0]..w[1]).collect(),
-        })
-        .collect();
-    let layout = |dtype, head_dim| PoolLayout {
-        num_kv_heads: shape.num_kv_heads,
-        head_dim,
-        dtype,
-        block_size: 1,
-        scale: ScaleMode::PerRow,
-    };
-    let geometry = KvGeometry {
-        k: layout(args.k_dtype, shape.head_dim_qk),
-        v: layout(args.v_dtype, shape.head_dim_v),
-        blocks_per_buffer: total_k,
-        num_buffers: 1,
-        per_buffer: false,
-        mla: false,
-    };
-    for (name, buffer) in [("k", args.k), ("v", args.v)] {
-        if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-            return Err(Error::InvalidArgument(format!(
-                "{name} buffer was not created with STORAGE usage"
-            )));
-        }
-    }
+    let geometry = args.geometry();
     let plan = PagedAttentionPlan::from_specs(
         ctx,
         &PagedAttentionArgs {
             layer: 0,
             batch: &[],
-            shape,
+            shape: args.shape,
             options: args.options,
             precision: args.precision,
         },
         &geometry,
-        &seqs,
+        &args.seqs(),
         paged::SPLIT_TOKENS,
     )?;
+    let total_k = args.total_k();
+    let k = PoolRows::new(ctx, "decode K pool", args.k, &geometry.k, total_k)?;
+    let v = PoolRows::new(ctx, "decode V pool", args.v, &geometry.v, total_k)?;
     let ones = ctx.uniform("unit scale", &geometry.k.tensor_scale()?)?;
+    k.encode_copy(pass);
+    v.encode_copy(pass);
     plan.encode_on(
         ctx,
         pass,
-        &[(args.k, args.v)],
+        &[(k.pool(), v.pool())],
         (&ones, &ones),
         (
             &args.q.as_entire_buffer_binding(),
@@ -231,8 +330,9 @@ impl Default for DecodeConfig {
 
 /// Decode over host data: encodes `batch.k`/`batch.v` into the storage formats of `config`,
 /// uploads everything, runs [`decode`] and reads `out` and `lse` back. Every sequence must have
-/// exactly one query. This is what tests and `kvattn verify` use; a serving loop keeps its
-/// buffers on the GPU and calls [`decode`].
+/// exactly one query. Every head dim the formats take works (f16/bf16 rows that are not whole
+/// 16-byte units go through [`decode`]'s padded pool). This is what tests and `kvattn verify`
+/// use; a serving loop keeps its buffers on the GPU and calls [`decode`].
 pub fn decode_batch(
     ctx: &Context,
     batch: &RaggedBatch,
@@ -268,7 +368,7 @@ pub fn decode_batch(
     let out_len = num_seqs * shape.num_q_heads * shape.head_dim_v;
     let lse_len = num_seqs * shape.num_q_heads;
     let q = ctx.upload("q", batch.q)?;
-    // Rows padded to whole 16-byte units, as `DecodeArgs` needs.
+    // The buffers' ends padded to whole 16-byte units, as `DecodeArgs` needs.
     let padded = |mut words: Vec<u32>| {
         words.resize(words.len().next_multiple_of(4), 0);
         words

@@ -1,7 +1,8 @@
 //! A strided copy of a `[rows, heads, n]` block of f32 values between GPU buffers
 //! (`shaders/strided_copy.wgsl`), bit for bit (NaN payloads and `-0.0` included). MLA uses it
 //! to place the rotated `q_pe` / `k_pe` beside the latent columns of wider rows, and to
-//! broadcast the one `k_pe` row of a token to every head (`src.head = 0`).
+//! broadcast the one `k_pe` row of a token to every head (`src.head = 0`); the contiguous decode
+//! ([`crate::attention::decode`]) uses it to lay packed K/V rows out as a pool's 16-byte rows.
 //!
 //! For `t < rows`, `h < heads`, `i < n`:
 //!

@@ -2,9 +2,12 @@
 //! context lengths, in every storage format and precision the adapter offers.
 
 use half::f16;
-use kvattn::attention::decode::{decode_batch, DecodeConfig};
+use kvattn::attention::decode::{decode, decode_batch, DecodeArgs, DecodeConfig};
+use kvattn::attention::paged::{paged_attention_host, PagedAttentionArgs, PagedQuery};
 use kvattn::attention::{AttentionOptions, AttentionShape, RaggedBatch};
-use kvattn::quant::KvDtype;
+use kvattn::cache::paged::{PagedKvCache, PagedKvConfig, PoolSize};
+use kvattn::gpu::{is_unwritten, UNWRITTEN};
+use kvattn::quant::{encode_rows, KvDtype, ScaleMode};
 use kvattn::reference;
 use kvattn::shader::Precision;
 use kvattn::Error;
@@ -325,6 +328,26 @@ fn decode_rejects_bad_input_with_typed_errors() {
         decode_batch(ctx, &c2.batch(), &odd, &opts, &cfg),
         Err(Error::UnsupportedHeadDim { .. })
     ));
+    // The same for f16/bf16 K or V, and past the largest head dim.
+    let wide = AttentionShape {
+        head_dim_qk: 1028,
+        head_dim_v: 1028,
+        ..shape
+    };
+    let c4 = Case::new(wide, &[3, 4], 1);
+    for (k_dtype, v_dtype) in [(KvDtype::F16, KvDtype::F32), (KvDtype::F32, KvDtype::Bf16)] {
+        let config = DecodeConfig {
+            k_dtype,
+            v_dtype,
+            ..cfg
+        };
+        for (c, s, d) in [(&c2, &odd, 66), (&c4, &wide, 1028)] {
+            assert!(matches!(
+                decode_batch(ctx, &c.batch(), s, &opts, &config),
+                Err(Error::UnsupportedHeadDim { head_dim, .. }) if head_dim == d
+            ));
+        }
+    }
     // Quantized formats are not read by this kernel.
     let int8 = DecodeConfig {
         k_dtype: KvDtype::Int8,
@@ -334,38 +357,6 @@ fn decode_rejects_bad_input_with_typed_errors() {
         decode_batch(ctx, &case.batch(), &shape, &opts, &int8),
         Err(Error::InvalidArgument(_))
     ));
-    // f16 rows of 12 values (6 words) are not whole 16-byte units: a pool would pad them, so
-    // the contiguous layout is refused, for K and for V; f32 rows of 12 values are whole units.
-    let narrow = AttentionShape {
-        head_dim_qk: 12,
-        head_dim_v: 12,
-        ..shape
-    };
-    let c3 = Case::new(narrow, &[3, 4], 1);
-    let f16 = DecodeConfig {
-        k_dtype: KvDtype::F16,
-        v_dtype: KvDtype::F32,
-        ..cfg
-    };
-    for config in [
-        f16,
-        DecodeConfig {
-            k_dtype: KvDtype::F32,
-            v_dtype: KvDtype::Bf16,
-            ..cfg
-        },
-    ] {
-        assert!(matches!(
-            decode_batch(ctx, &c3.batch(), &narrow, &opts, &config),
-            Err(Error::UnsupportedHeadDim { head_dim: 12, .. })
-        ));
-    }
-    let f32 = DecodeConfig {
-        k_dtype: KvDtype::F32,
-        v_dtype: KvDtype::F32,
-        ..cfg
-    };
-    decode_batch(ctx, &c3.batch(), &narrow, &opts, &f32).unwrap();
     // Truncated K.
     let short = RaggedBatch {
         k: &case.k[1..],
@@ -386,4 +377,238 @@ fn decode_rejects_bad_input_with_typed_errors() {
             Err(Error::MissingFeature(_))
         ));
     }
+}
+
+/// f16/bf16 head dims that are multiples of 4 but not of 8: rows of `d / 2` words, which a pool
+/// pads to a multiple of 4 words (`KvDtype::row_stride`). (d_qk, d_v).
+const PADDED_DIMS: [(usize, usize); 6] =
+    [(4, 4), (12, 12), (20, 20), (36, 36), (100, 100), (12, 20)];
+
+/// Storage pairs (K, V) with at least one padded side: both, K only, V only.
+const PADDED_STORAGE: [(KvDtype, KvDtype); 4] = [
+    (KvDtype::F16, KvDtype::F16),
+    (KvDtype::Bf16, KvDtype::Bf16),
+    (KvDtype::F16, KvDtype::F32),
+    (KvDtype::F32, KvDtype::Bf16),
+];
+
+/// Odd key counts, one past a split of 512 keys.
+const PADDED_CONTEXTS: [usize; 4] = [1, 17, 97, 513];
+
+fn padded_shape(i: usize, (dk, dv): (usize, usize)) -> AttentionShape {
+    let (hq, hkv) = [(8, 2), (6, 3), (4, 4)][i % 3];
+    AttentionShape {
+        num_q_heads: hq,
+        num_kv_heads: hkv,
+        head_dim_qk: dk,
+        head_dim_v: dv,
+    }
+}
+
+#[test]
+fn decode_takes_head_dims_whose_rows_pools_pad() {
+    // Before 16-byte row padding these worked with rows back to back; the contiguous decode now
+    // re-lays them into a padded pool on the GPU and must still match the reference.
+    let ctx = gpu();
+    let (mut cases, mut worst) = (0, Worst::default());
+    for (di, &dims) in PADDED_DIMS.iter().enumerate() {
+        let shape = padded_shape(di, dims);
+        let case = Case::new(shape, &PADDED_CONTEXTS, 5 + di as u64);
+        let opts = AttentionOptions::default();
+        for (ti, &(k_dtype, v_dtype)) in PADDED_STORAGE.iter().enumerate() {
+            // All points on the first backend; on the second one storage pair per head dim, in
+            // turn, so that every pair still runs there.
+            if (di + ti) % grid_stride(ctx) != 0 {
+                continue;
+            }
+            let (k, v) = (round_to(k_dtype, &case.k), round_to(v_dtype, &case.v));
+            let batch = RaggedBatch {
+                k: &k,
+                v: &v,
+                ..case.batch()
+            };
+            let want = reference::attention(&batch, &shape, &opts).unwrap();
+            for precision in precisions() {
+                let config = DecodeConfig {
+                    k_dtype,
+                    v_dtype,
+                    precision,
+                };
+                let name = format!("{dims:?} {k_dtype}/{v_dtype} {}", precision.name());
+                let got = decode_batch(ctx, &case.batch(), &shape, &opts, &config)
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                let (bound, lse_bound) = bounds(precision, &case, (&k, &v), &opts, &want);
+                let err = max_abs_err(&got.out, &want.out);
+                let lse_err = max_abs_err(&got.lse, &want.lse);
+                assert!(err <= bound, "{name}: out error {err:e} > {bound:e}");
+                assert!(
+                    lse_err <= lse_bound,
+                    "{name}: lse error {lse_err:e} > {lse_bound:e}"
+                );
+                worst.add(
+                    format!("{k_dtype}/{v_dtype}/{}", precision.name()),
+                    err / output_scale(&want.out),
+                );
+                cases += 1;
+            }
+        }
+    }
+    assert!(cases > 0);
+    eprintln!("padded-row decode: {cases} cases; worst error / output scale: {worst:?}");
+}
+
+/// `case`'s rows appended to a one-layer paged cache of `block_size` slots in `k_dtype` /
+/// `v_dtype`, one sequence per decode query, then paged attention over it.
+fn pool_run(
+    case: &Case,
+    (k_dtype, v_dtype): (KvDtype, KvDtype),
+    block_size: usize,
+) -> reference::AttentionOutput {
+    let ctx = gpu();
+    let s = &case.shape;
+    let cfg = PagedKvConfig {
+        head_dim_v: s.head_dim_v,
+        block_size,
+        prefix_caching: false,
+        k_dtype,
+        v_dtype,
+        ..PagedKvConfig::new(1, s.num_kv_heads, s.head_dim_qk, KvDtype::F32)
+    };
+    let total_k = *case.cu_k.last().unwrap() as usize;
+    let blocks = total_k.div_ceil(block_size) + case.cu_k.len();
+    let mut cache = PagedKvCache::new(ctx, cfg, PoolSize::Blocks(blocks)).unwrap();
+    let (kr, vr) = (
+        s.num_kv_heads * s.head_dim_qk,
+        s.num_kv_heads * s.head_dim_v,
+    );
+    let mut queries = Vec::new();
+    for (i, w) in case.cu_k.windows(2).enumerate() {
+        let (a, b) = (w[0] as usize, w[1] as usize);
+        cache.add_sequence(i as u64, &[]).unwrap();
+        cache
+            .append_host(
+                ctx,
+                i as u64,
+                &vec![0; b - a],
+                &[case.k[a * kr..b * kr].to_vec()],
+                &[case.v[a * vr..b * vr].to_vec()],
+            )
+            .unwrap();
+        queries.push(PagedQuery {
+            seq: i as u64,
+            len_q: 1,
+        });
+    }
+    let opts = AttentionOptions::default();
+    let args = PagedAttentionArgs {
+        layer: 0,
+        batch: &queries,
+        shape: *s,
+        options: &opts,
+        precision: Precision::F32,
+    };
+    paged_attention_host(ctx, &cache, &args, &case.q).unwrap()
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn decode_of_padded_rows_gives_the_bits_of_a_pool() {
+    // The temporary pool holds exactly what a paged cache holds for the same rows (padding
+    // words 0), so the contiguous decode and paged attention over a cache give the same bits.
+    let ctx = gpu();
+    for (di, &dims) in PADDED_DIMS.iter().enumerate().skip(1) {
+        let shape = padded_shape(di, dims);
+        let case = Case::new(shape, &PADDED_CONTEXTS, 40 + di as u64);
+        let storage = PADDED_STORAGE[di % PADDED_STORAGE.len()];
+        let config = DecodeConfig {
+            k_dtype: storage.0,
+            v_dtype: storage.1,
+            precision: Precision::F32,
+        };
+        let got = decode_batch(
+            ctx,
+            &case.batch(),
+            &shape,
+            &AttentionOptions::default(),
+            &config,
+        )
+        .unwrap();
+        let want = pool_run(&case, storage, 16);
+        let name = format!("{dims:?} {}/{}", storage.0, storage.1);
+        assert_eq!(bits(&got.out), bits(&want.out), "{name}: out");
+        assert_eq!(bits(&got.lse), bits(&want.lse), "{name}: lse");
+    }
+}
+
+#[test]
+fn decode_of_padded_rows_refuses_bad_buffers_before_writing() {
+    // Errors on the path that copies K/V into a padded pool come before anything is recorded:
+    // nothing is submitted and out/lse keep their sentinel.
+    let ctx = gpu();
+    let shape = padded_shape(1, (12, 12));
+    let case = Case::new(shape, &[3, 5], 2);
+    let upload = |dtype, d, x: &[f32]| {
+        let words = encode_rows(dtype, d, x, ScaleMode::PerRow).unwrap().words;
+        ctx.upload("kv", &words).unwrap()
+    };
+    let q = ctx.upload("q", &case.q).unwrap();
+    let k = upload(KvDtype::F16, 12, &case.k);
+    let v = upload(KvDtype::Bf16, 12, &case.v);
+    let short = upload(KvDtype::F16, 12, &case.k[..case.k.len() - 12 * 4]);
+    let rows = 2 * shape.num_q_heads;
+    let out = ctx.filled("out", rows * 12, UNWRITTEN).unwrap();
+    let lse = ctx.filled("lse", rows, UNWRITTEN).unwrap();
+    let opts = AttentionOptions::default();
+    let args = DecodeArgs {
+        shape,
+        options: &opts,
+        precision: Precision::F32,
+        q: &q,
+        k: &k,
+        v: &v,
+        k_dtype: KvDtype::F16,
+        v_dtype: KvDtype::Bf16,
+        cu_seqlens_k: &case.cu_k,
+        out: &out,
+        lse: &lse,
+    };
+    let before = ctx.counters();
+    let refused = [
+        ("short k", DecodeArgs { k: &short, ..args }),
+        ("out is lse", DecodeArgs { lse: &out, ..args }),
+        (
+            "cu_seqlens_k",
+            DecodeArgs {
+                cu_seqlens_k: &[0, 3, 3],
+                ..args
+            },
+        ),
+    ];
+    for (name, bad) in &refused {
+        let err = decode(ctx, bad).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{name}: {err}");
+    }
+    assert_eq!(ctx.counters().since(&before).submissions, 0);
+    let o: Vec<f32> = ctx.read_back(&out, rows * 12).unwrap();
+    let l: Vec<f32> = ctx.read_back(&lse, rows).unwrap();
+    assert!(
+        o.iter().chain(&l).all(|&x| is_unwritten(x)),
+        "partial writes"
+    );
+    // The same buffers, well formed, give decode_batch's bits.
+    decode(ctx, &args).unwrap();
+    let config = DecodeConfig {
+        k_dtype: KvDtype::F16,
+        v_dtype: KvDtype::Bf16,
+        precision: Precision::F32,
+    };
+    let want = decode_batch(ctx, &case.batch(), &shape, &opts, &config).unwrap();
+    assert_eq!(
+        bits(&ctx.read_back(&out, rows * 12).unwrap()),
+        bits(&want.out)
+    );
+    assert_eq!(bits(&ctx.read_back(&lse, rows).unwrap()), bits(&want.lse));
 }
