@@ -243,6 +243,25 @@ impl PagedShape {
         )
     }
 
+    /// The sizes of the kernel's private arrays for this shape, by constant name: the query
+    /// and accumulator vec4s of one invocation and its chunks of a K or value row (in the loop form,
+    /// `shaders/paged.wgsl` declares the largest any shape may take). Larger private arrays
+    /// than a shape reads cost some compilers (lavapipe's among them) time and registers.
+    fn array_sizes(&self) -> [(&'static str, u32); 3] {
+        let (t, k, r, v) = (
+            u32::from(self.tile),
+            u32::from(self.k.0) * u32::from(self.k.1),
+            u32::from(self.rope.0) * u32::from(self.rope.1),
+            u32::from(self.v.0) * u32::from(self.v.1),
+        );
+        [
+            ("MAX_QREG", (t * (k + r)).max(1)),
+            ("MAX_AREG", (t * v).max(1)),
+            // The value loop reads the K chunks again where the values are the K row (MLA).
+            ("MAX_CHK", u32::from(self.k.0.max(self.v.0)).max(1)),
+        ]
+    }
+
     /// The bounds of the `@unroll` loops by name.
     fn bounds(&self) -> [(&'static str, u32); 8] {
         [
@@ -276,6 +295,24 @@ fn unroll_header(line: &str) -> Option<(&str, &str)> {
     let (lhs, rest) = rest.split_once(" < ")?;
     let (bound, step) = rest.split_once("; ")?;
     (lhs == var && step == format!("{var}++")).then_some((var, bound))
+}
+
+/// `src` with each line `const NAME: u32 = <value>u;` whose NAME is in `sizes` given that
+/// size instead. Other lines stay.
+pub fn size_constants(src: &str, sizes: &[(&str, u32)]) -> String {
+    let mut out = String::with_capacity(src.len());
+    for line in src.lines() {
+        let size = line
+            .strip_prefix("const ")
+            .and_then(|rest| rest.split_once(": u32 = "))
+            .and_then(|(name, _)| sizes.iter().find(|s| s.0 == name));
+        match size {
+            Some((name, n)) => out.push_str(&format!("const {name}: u32 = {n}u;")),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// Net `{` minus `}` of a line, comments left out.
@@ -501,7 +538,7 @@ impl ShaderVariant {
             });
         }
         match self.unroll {
-            Some(shape) => unroll(&src, &shape.bounds()),
+            Some(shape) => size_constants(&unroll(&src, &shape.bounds()), &shape.array_sizes()),
             None => src,
         }
     }
@@ -546,5 +583,93 @@ mod unroll_tests {
         // Unmarked or malformed headers stay as they are.
         let plain = "for (var t = 0u; t < TILE; t++) {\n}\n";
         assert_eq!(unroll(plain, &[("TILE", 4)]), plain);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_constants_rewrites_only_the_named_u32_constants() {
+        let src = "const MAX_QREG: u32 = 32u;\nconst MAX_TILE: u32 = 16u;\n// const MAX_AREG: u32 = 32u;\nlet MAX_QREG = 1u;\n";
+        let out = size_constants(src, &[("MAX_QREG", 6), ("MAX_AREG", 4)]);
+        assert_eq!(
+            out,
+            "const MAX_QREG: u32 = 6u;\nconst MAX_TILE: u32 = 16u;\n// const MAX_AREG: u32 = 32u;\nlet MAX_QREG = 1u;\n"
+        );
+    }
+
+    #[test]
+    fn a_written_out_workgroup_kernel_sizes_its_arrays_for_its_shape() {
+        let shape = PagedShape {
+            tile: 3,
+            k: (9, 2),
+            rope: (1, 2),
+            v: (8, 2),
+        };
+        let src = ShaderVariant {
+            unroll: Some(shape),
+            ..ShaderVariant::new(Kernel::Paged, Precision::F32)
+        }
+        .source();
+        for line in [
+            "const MAX_QREG: u32 = 60u;",
+            "const MAX_AREG: u32 = 48u;",
+            "const MAX_CHK: u32 = 9u;",
+        ] {
+            assert!(src.lines().any(|l| l == line), "missing {line}");
+        }
+        let wider_values = ShaderVariant {
+            unroll: Some(PagedShape { k: (1, 8), ..shape }),
+            ..ShaderVariant::new(Kernel::Paged, Precision::F32)
+        }
+        .source();
+        // The value loop reads K chunks where the values are the K row: as many as either.
+        for line in ["const MAX_QREG: u32 = 30u;", "const MAX_CHK: u32 = 8u;"] {
+            assert!(wider_values.lines().any(|l| l == line), "missing {line}");
+        }
+    }
+
+    #[test]
+    fn pool_bindings_number_and_select_every_slot() {
+        let one = pool_bindings(1, false);
+        assert!(one.contains("const POOL_SLOTS: u32 = 1u;"));
+        assert!(one.contains("@binding(2) var<storage, read> k_pool4_0"));
+        assert!(one.contains("@binding(3) var<storage, read> v_pool4_0"));
+        assert!(!one.contains("@binding(9)"));
+        let three = pool_bindings(3, false);
+        for (n, name) in [
+            (2, "k_pool4_0"),
+            (3, "v_pool4_0"),
+            (9, "k_pool4_1"),
+            (10, "v_pool4_1"),
+            (11, "k_pool4_2"),
+            (12, "v_pool4_2"),
+        ] {
+            assert!(
+                three.contains(&format!("@binding({n}) var<storage, read> {name}:")),
+                "binding {n} {name}"
+            );
+        }
+        // Pools 0 to 4 by case, the last (V of slot 2) as the default.
+        for which in 0..5 {
+            assert!(three.contains(&format!("case {which}u:")));
+        }
+        assert!(three.contains("default: {\n            return v_pool4_2[i];"));
+        // The lanes kernel: u32 views in those numbers, vec4 views after all of them.
+        let lanes = pool_bindings(2, true);
+        for (n, name) in [
+            (2, "k_pool_0"),
+            (10, "v_pool_1"),
+            (11, "k_pool4_0"),
+            (14, "v_pool4_1"),
+        ] {
+            assert!(
+                lanes.contains(&format!("@binding({n}) var<storage, read> {name}:")),
+                "lanes binding {n} {name}"
+            );
+        }
+        assert!(lanes.contains("fn pool_word(") && lanes.contains("fn pool_vec4("));
     }
 }
