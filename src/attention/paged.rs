@@ -424,6 +424,28 @@ pub fn representative_constants(_precision: Precision) -> Vec<Vec<(&'static str,
             ));
         }
     }
+    // Fewer chunks per lane of a K row than of a V row (int8 K, f16 V, 8 lanes a row): the
+    // value loop's arrays must hold the larger.
+    let gqa = AttentionShape {
+        num_q_heads: 32,
+        num_kv_heads: 8,
+        head_dim_qk: 128,
+        head_dim_v: 128,
+    };
+    let layout = |dtype| PoolLayout {
+        num_kv_heads: 8,
+        head_dim: 128,
+        dtype,
+        block_size: 16,
+        scale: crate::quant::ScaleMode::PerRow,
+    };
+    sets.push(workgroup_set(
+        &gqa,
+        layout(KvDtype::Int8),
+        layout(KvDtype::F16),
+        false,
+        1,
+    ));
     // MLA, absorbed: DeepSeek-V2's latent (512, FP8 per tensor and int4) with a 64-dim RoPE key,
     // and a small latent.
     for (heads, rank, rope, latent) in [
