@@ -358,10 +358,9 @@ fn unroll_lines(lines: &[&str], bounds: &[(&str, u32)], out: &mut String) {
 /// replaces.
 pub const POOL_BINDINGS_MARK: &str = "// @pool-bindings";
 
-/// The binding numbers of the K and V views of pool slot `slot`, of the first kind a kernel
-/// declares: 2 and 3 for slot 0, then 9 and 10, 11 and 12, ... (bindings 4 to 8 are the
-/// attention kernels' others). A second kind of view of `slots` slots follows the first:
-/// slot `s` at `7 + 2 slots + 2 s` and the next.
+/// The binding numbers of the K and V views of pool slot `slot`: 2 and 3 for slot 0, then 9
+/// and 10, 11 and 12, ... (bindings 4 to 8 are the attention kernels' others). A kernel with a
+/// second kind of view of its `slots` slots numbers them as slots `slots ..` of the first.
 pub fn pool_binding_numbers(slot: u32) -> (u32, u32) {
     if slot == 0 {
         (2, 3)
@@ -382,14 +381,10 @@ pub fn pool_binding_numbers(slot: u32) -> (u32, u32) {
 pub fn pool_bindings(slots: u32, words: bool) -> String {
     let slots = slots.max(1);
     let mut src = format!("const POOL_SLOTS: u32 = {slots}u;\n");
-    let declare = |src: &mut String, suffix: &str, ty: &str, after: u32| {
+    // The views `suffix` of type `ty`, numbered from binding slot `first`.
+    let declare = |src: &mut String, suffix: &str, ty: &str, first: u32| {
         for s in 0..slots {
-            let (k, v) = pool_binding_numbers(s);
-            let (k, v) = if after > 0 {
-                (7 + 2 * after + 2 * s, 8 + 2 * after + 2 * s)
-            } else {
-                (k, v)
-            };
+            let (k, v) = pool_binding_numbers(first + s);
             src.push_str(&format!(
                 "@group(0) @binding({k}) var<storage, read> k_pool{suffix}_{s}: array<{ty}>;\n\
                  @group(0) @binding({v}) var<storage, read> v_pool{suffix}_{s}: array<{ty}>;\n"
@@ -516,16 +511,20 @@ impl ShaderVariant {
             });
         }
         src.push('\n');
-        match self.lanes {
-            Some(shape) => src.push_str(&shape.body().replace(
-                POOL_BINDINGS_MARK,
-                &pool_bindings(u32::from(shape.pool_slots.max(1)), true),
-            )),
-            None if self.kernel == Kernel::Paged => src.push_str(&self.kernel.body().replace(
-                POOL_BINDINGS_MARK,
-                &pool_bindings(u32::from(self.pool_slots.max(1)), false),
-            )),
-            None => src.push_str(self.kernel.body()),
+        // The attention kernels' pool declarations: the lanes kernel's u32 and vec4 views, the
+        // workgroup kernel's vec4 views.
+        let (body, pools) = match self.lanes {
+            Some(shape) => (shape.body(), Some((shape.pool_slots, true))),
+            None => (
+                self.kernel.body().to_string(),
+                (self.kernel == Kernel::Paged).then_some((self.pool_slots, false)),
+            ),
+        };
+        match pools {
+            Some((slots, words)) => src.push_str(
+                &body.replace(POOL_BINDINGS_MARK, &pool_bindings(u32::from(slots), words)),
+            ),
+            None => src.push_str(&body),
         }
         if self.kernel.has_subgroup_variant() {
             // After the kernel: naga 30 mis-handles an override used in `@workgroup_size`

@@ -51,12 +51,12 @@ const MAX_QREG: usize = 32;
 const MAX_AREG: usize = 32;
 /// Most lanes sharing a key row.
 const MAX_KEY_LANES: u32 = 32;
-/// Pool buffers (K and V each) one dispatch of the workgroup kernel binds at most: a pool over
+/// Pool buffers (K and V each) one dispatch of an attention kernel binds at most: a pool over
 /// at most [`DeviceFit::pool_slots`] buffers (this many where the device allows it) is read
 /// whole by every dispatch, so splits never depend on which buffer holds a block.
 pub const MAX_POOL_SLOTS: usize = 8;
-/// Storage buffers of the workgroup kernel besides its pools (queries, the plan, the partial
-/// outputs and log-sum-exps).
+/// Storage buffers of either attention kernel besides its pools (queries, the plan, the
+/// partial outputs and log-sum-exps).
 pub const OTHER_STORAGE_BUFFERS: usize = 4;
 /// Invocations per workgroup the workgroup kernel asks for at most.
 const MAX_WG: u32 = 256;

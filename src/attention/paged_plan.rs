@@ -760,7 +760,7 @@ impl PagedAttentionPlan {
             size: b.size(),
         };
         // What each dispatch's pool bindings hold: the whole pool, one slot per buffer, where
-        // the workgroup kernel binds it whole, else the one buffer the dispatch's items read.
+        // the plan binds it whole, else the one buffer the dispatch's items read.
         let sets: Vec<(usize, Vec<(&wgpu::Buffer, &wgpu::Buffer)>)> =
             if self.fixed.binds_whole_pool() {
                 let all: Option<Vec<_>> = (0..self.fixed.geometry.num_buffers)

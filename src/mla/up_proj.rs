@@ -37,8 +37,6 @@ type ChunkGather = Vec<(usize, Vec<(u32, u32)>)>;
 pub(crate) struct UpProjPlan {
     shape: MlaShape,
     total_q: usize,
-    /// Keys of each chunk.
-    fills: Vec<usize>,
     attention: PagedAttentionPlan,
     gathers: Vec<ChunkGather>,
     /// `[total_q, H, d_nope + d_rope]`.
@@ -103,15 +101,15 @@ impl UpProjPlan {
         // batch.
         let capacity = chunk_tokens(ctx, &s, args.up_proj_chunk)?;
         let piece = capacity.min(SPLIT_TOKENS);
-        // Per chunk: (pool buffer, pool row) of each latent row it holds.
+        // Per chunk: (pool buffer, pool row) of each latent row it holds. Key ids are
+        // chunk * capacity + row in the chunk.
         let mut chunks: Vec<Vec<(usize, u32)>> = Vec::new();
-        // Per sequence: (chunk, row in the chunk) of each key.
-        let mut placed: Vec<Vec<(usize, usize)>> = Vec::with_capacity(args.batch.len());
-        let mut lens = Vec::with_capacity(args.batch.len());
+        let mut seqs = Vec::with_capacity(args.batch.len());
+        let mut q_base = 0;
         for query in args.batch {
             let len_k = alloc.len(query.seq)?;
             let table = alloc.blocks(query.seq)?;
-            let mut keys = Vec::with_capacity(len_k);
+            let mut ids = Vec::with_capacity(len_k);
             for p0 in (0..len_k).step_by(piece) {
                 let n = piece.min(len_k - p0);
                 if chunks.last().is_none_or(|c| c.len() + n > capacity) {
@@ -120,34 +118,28 @@ impl UpProjPlan {
                 let b = chunks.len() - 1;
                 let rows = &mut chunks[b];
                 for j in p0..p0 + n {
+                    let id = u32::try_from(b * capacity + rows.len()).map_err(|_| {
+                        Error::InvalidArgument(format!(
+                            "{} chunks of {capacity} keys exceed the u32 block ids of the \
+                             expanded cache",
+                            b + 1
+                        ))
+                    })?;
+                    ids.push(id);
                     let block = table[j / bs] as usize;
-                    keys.push((b, rows.len()));
                     rows.push((block / bpb, ((block % bpb) * bs + j % bs) as u32));
                 }
             }
-            placed.push(keys);
-            lens.push((query.len_q, len_k));
-        }
-        // Rows of the scratch chunk: the fullest chunk's. Key ids are chunk * chunk_rows + row.
-        let chunk = chunks.iter().map(Vec::len).max().unwrap_or(1).max(1);
-        if chunks.len().saturating_mul(chunk) > u32::MAX as usize {
-            return Err(Error::InvalidArgument(format!(
-                "{} chunks of {chunk} keys exceed the u32 block ids of the expanded cache",
-                chunks.len()
-            )));
-        }
-        let mut seqs = Vec::with_capacity(args.batch.len());
-        let mut q_base = 0;
-        for (keys, &(len_q, len_k)) in placed.iter().zip(&lens) {
             seqs.push(SeqSpec {
                 q_base,
-                len_q,
+                len_q: query.len_q,
                 len_k,
-                table: keys.iter().map(|&(b, r)| (b * chunk + r) as u32).collect(),
+                table: ids,
             });
-            q_base += len_q;
+            q_base += query.len_q;
         }
-        let fills: Vec<usize> = chunks.iter().map(Vec::len).collect();
+        // Rows of the scratch chunk: the fullest chunk's.
+        let chunk = chunks.iter().map(Vec::len).max().unwrap_or(1).max(1);
         let gathers = chunks
             .iter()
             .map(|rows| {
@@ -171,7 +163,7 @@ impl UpProjPlan {
         let geometry = KvGeometry {
             k: expanded(dq),
             v: expanded(s.d_v),
-            blocks_per_buffer: chunk,
+            blocks_per_buffer: capacity,
             num_buffers: gathers.len(),
             per_buffer: true,
             mla: false,
@@ -202,7 +194,6 @@ impl UpProjPlan {
         Ok(Self {
             shape: s,
             total_q,
-            fills,
             attention,
             gathers,
             q_cat: ctx.filled("mla q_cat", total_q * h * dq, crate::gpu::UNWRITTEN)?,
@@ -272,7 +263,9 @@ impl UpProjPlan {
             head: 0,
         };
         let mut expansions = Vec::with_capacity(self.gathers.len());
-        for &rows in &self.fills {
+        for gather in &self.gathers {
+            // The chunk's keys: every pool buffer's rows of it.
+            let rows = gather.iter().map(|(_, pairs)| pairs.len()).sum();
             // K_nope[t, h, n] = sum_r c_kv[t, r] W_UK[h, n, r], into columns 0..d_nope.
             let k_nope = HeadMatmul {
                 rows,
