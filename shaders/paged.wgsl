@@ -24,9 +24,10 @@
 // rows_subgroup.wgsl, the same tree through workgroup memory in rows_portable.wgsl, bit for bit
 // the same sums). Each group runs its own online softmax over its keys, the keys j with
 // j % NG == its index (absolute token positions, so the partition of a row's keys is the same
-// in every tile and batch that holds the row), and reads each V row once, each lane its chunks of
-// it. The groups combine once at the end, in group order. The subgroup path has no barrier in the
-// key loop; the portable one has one per NG keys.
+// in every tile and batch that holds the row), KEY_STEP keys a step, each scored by the lane
+// that owns it (see the key loop), and reads each V row once, each lane its chunks of it. The
+// groups combine once at the end, in group order. The subgroup path has no barrier in the key
+// loop; the portable one has KEY_STEP + 2 per step.
 //
 // Scores follow ARCHITECTURE.md section 2: scale, softcap, ALiBi, mask (bottom-right causal,
 // window). NaN and infinities follow softmax.wgsl: a visible key whose score is NaN or +inf marks
@@ -57,6 +58,8 @@ override WG: u32 = 64u;
 override KEY_LANES: u32 = 8u;
 // Key groups of the workgroup.
 override NG: u32 = WG / KEY_LANES;
+// Keys a group takes per step: KEY_LANES (lane k owns key k), or 1 for MLA (every lane owns it).
+override KEY_STEP: u32 = KEY_LANES;
 // Rows are read as vec4<u32> (every row of both pools starts on a 16-byte boundary).
 override WIDE: bool = false;
 // 16-byte chunks of a K pool row, of a value row (V, or the latent for MLA) and of an MLA RoPE
@@ -140,6 +143,21 @@ fn dot_fma(q: vec4<f32>, k: vec4<f32>, d: f32) -> f32 {
     return fma(q.w, k.w, fma(q.z, k.z, fma(q.y, k.y, fma(q.x, k.x, d))));
 }
 
+// The K pool (2 slot) and the pool row of key j of the item's sequence for KV head `kv_head`.
+// Block sizes are powers of two: shifts and masks, not divisions.
+fn key_at(it: WorkItem, kv_head: u32, j: u32) -> vec2<u32> {
+    let at = plan[it.table + (j >> firstTrailingBit(params.block_size))] - params.first_block;
+    var slot = 0u;
+    var block = at;
+    if POOL_SLOTS > 1u {
+        slot = at / params.blocks_per_buffer;
+        block = at % params.blocks_per_buffer;
+    }
+    let row = (block * params.num_kv_heads + kv_head) * params.block_size
+        + (j & (params.block_size - 1u));
+    return vec2<u32>(2u * slot, row);
+}
+
 // The kernel body; the entry point `main` and `lanes_sum_rows` come from rows_portable.wgsl or
 // rows_subgroup.wgsl.
 fn attend(wid: vec3<u32>, tid: u32) {
@@ -152,8 +170,6 @@ fn attend(wid: vec3<u32>, tid: u32) {
     let v_dtype = kv_dtype_of(value_pool());
     let causal = (params.flags & FLAG_CAUSAL) != 0u;
     let alibi = (params.flags & FLAG_ALIBI) != 0u;
-    let bs_shift = firstTrailingBit(params.block_size);
-    let bs_mask = params.block_size - 1u;
     let lane = tid % KEY_LANES;
     let grp = tid / KEY_LANES;
     let r_at = TILE * CHK * QK;
@@ -197,73 +213,86 @@ fn attend(wid: vec3<u32>, tid: u32) {
     }
     var acc: array<vec4<f32>, MAX_AREG>;
 
-    // Group grp takes keys base + s NG + grp: the keys j of the item with j % NG == grp. Every
-    // invocation runs the same steps (the portable reduction has a barrier per step).
-    let base = it.key_start - it.key_start % NG;
-    let steps = (it.key_end - base + NG - 1u) / NG;
+    // Group grp takes the keys j of the item with j % NG == grp, KEY_STEP of them a step: key k
+    // of step s is j = base + (s KEY_STEP + k) NG + grp, with base a multiple of NG KEY_STEP
+    // (absolute positions, so the steps, like the partition, are the same in every tile and
+    // batch that holds a row). Lane l owns key l % KEY_STEP of a step: it alone scores it and
+    // adds its probability to the lane's own part of the row sums (the lanes' parts are added at
+    // the end), so the softmax of a key runs in one lane, not in every lane of the group. The
+    // running max is the group's, taken once a step. With KEY_STEP = 1 (MLA, whose values are
+    // the latent chunks the lanes already read for the dot products) every lane owns the step's
+    // key and nothing is exchanged. Every invocation runs the same steps (the portable sums have
+    // barriers).
+    let span = NG * KEY_STEP;
+    let base = it.key_start - it.key_start % span;
+    let steps = (it.key_end - base + span - 1u) / span;
+    let own = lane % KEY_STEP;
+    // MLA (the values are the K pool row) keeps the latent's chunks of its one key a step.
+    var kwords: array<vec4<u32>, MAX_CHK>;
+    var kgroups: array<vec2<f32>, MAX_CHK>;
     for (var s = 0u; s < steps; s++) {
-        let j = base + s * NG + grp;
+        let first = base + s * span + grp;
+
+        // 1. Each key's dot products with every row: this lane's part, then the whole sums (the
+        // same in every lane of the group), kept by the key's owner.
+        var own_dots: array<f32, MAX_TILE>;
+        for (var k = 0u; k < KEY_STEP; k++) {
+            let j = first + k * NG;
+            var d: array<f32, MAX_TILE>;
+            if j >= it.key_start && j < it.key_end {
+                let at = key_at(it, kv_head, j);
+                let kp = at.x;
+                let row = at.y;
+                for (var c = 0u; c < CHK; c++) { // @unroll
+                    let ci = lane + c * KEY_LANES;
+                    if ci < K_CH {
+                        let w = pool_chunk(kp, row, ci);
+                        let sm = chunk_group(kp, row, ci);
+                        if value_pool() == 0u {
+                            kwords[c] = w;
+                            kgroups[c] = sm;
+                        }
+                        for (var p = 0u; p < QK; p++) { // @unroll
+                            let kq = vec4<f32>(real4(kv_quad_of(K_DTYPE, w, p, sm)));
+                            for (var t = 0u; t < TILE; t++) { // @unroll
+                                d[t] = dot_fma(qreg[(t * CHK + c) * QK + p], kq, d[t]);
+                            }
+                        }
+                    }
+                }
+                let k_scale = kv_row_scale(kp, row);
+                for (var t = 0u; t < TILE; t++) { // @unroll
+                    d[t] *= k_scale;
+                }
+                // MLA: the RoPE part of the key (16-bit or f32, no row scale).
+                for (var c = 0u; c < CHR; c++) { // @unroll
+                    let ci = lane + c * KEY_LANES;
+                    if ci < R_CH {
+                        let w = pool_chunk(kp + 1u, row, ci);
+                        for (var p = 0u; p < QR; p++) { // @unroll
+                            let kq = vec4<f32>(real4(kv_quad_of(V_DTYPE, w, p, vec2<f32>(0.0))));
+                            for (var t = 0u; t < TILE; t++) { // @unroll
+                                d[t] = dot_fma(qreg[r_at + (t * CHR + c) * QR + p], kq, d[t]);
+                            }
+                        }
+                    }
+                }
+            }
+            let dots = lanes_sum_rows(d);
+            let mine = own == k;
+            for (var t = 0u; t < TILE; t++) { // @unroll
+                own_dots[t] = select(own_dots[t], dots[t], mine);
+            }
+        }
+
+        // 2. The scores of the lane's own key.
+        let j = first + own * NG;
         let live = j >= it.key_start && j < it.key_end;
         let jc = clamp(j, it.key_start, it.key_end - 1u);
-        // Block sizes are powers of two: shifts and masks, not divisions.
-        let at = plan[it.table + (jc >> bs_shift)] - params.first_block;
-        var slot = 0u;
-        var block = at;
-        if POOL_SLOTS > 1u {
-            slot = at / params.blocks_per_buffer;
-            block = at % params.blocks_per_buffer;
-        }
-        let row = (block * params.num_kv_heads + kv_head) * params.block_size + (jc & bs_mask);
-        let kp = 2u * slot;
-        let vp = kp + value_pool();
-
-        // 1. This lane's part of the key's dot product with every row.
-        var d: array<f32, MAX_TILE>;
-        // MLA (the values are the K pool row) keeps the latent's chunks for step 4.
-        var kwords: array<vec4<u32>, MAX_CHK>;
-        var kgroups: array<vec2<f32>, MAX_CHK>;
-        for (var c = 0u; c < CHK; c++) { // @unroll
-            let ci = lane + c * KEY_LANES;
-            if ci < K_CH {
-                let w = pool_chunk(kp, row, ci);
-                let sm = chunk_group(kp, row, ci);
-                if value_pool() == 0u {
-                    kwords[c] = w;
-                    kgroups[c] = sm;
-                }
-                for (var p = 0u; p < QK; p++) { // @unroll
-                    let k = vec4<f32>(real4(kv_quad_of(K_DTYPE, w, p, sm)));
-                    for (var t = 0u; t < TILE; t++) { // @unroll
-                        d[t] = dot_fma(qreg[(t * CHK + c) * QK + p], k, d[t]);
-                    }
-                }
-            }
-        }
-        let k_scale = kv_row_scale(kp, row);
-        for (var t = 0u; t < TILE; t++) { // @unroll
-            d[t] *= k_scale;
-        }
-        // MLA: the RoPE part of the key (16-bit or f32, no row scale).
-        for (var c = 0u; c < CHR; c++) { // @unroll
-            let ci = lane + c * KEY_LANES;
-            if ci < R_CH {
-                let w = pool_chunk(kp + 1u, row, ci);
-                for (var p = 0u; p < QR; p++) { // @unroll
-                    let k = vec4<f32>(real4(kv_quad_of(V_DTYPE, w, p, vec2<f32>(0.0))));
-                    for (var t = 0u; t < TILE; t++) { // @unroll
-                        d[t] = dot_fma(qreg[r_at + (t * CHR + c) * QR + p], k, d[t]);
-                    }
-                }
-            }
-        }
-        // 2. The whole dot products (the same in every lane of the group).
-        let dots = lanes_sum_rows(d);
-
-        // 3. Scores and the online softmax of every row; probabilities in `real` precision.
-        let v_scale = select(1.0, kv_row_scale(vp, row), kv_row_scaled(vp));
-        var alpha: array<f32, MAX_TILE>;
-        var raised: array<bool, MAX_TILE>;
-        var pv: array<f32, MAX_TILE>;
+        let at = key_at(it, kv_head, jc);
+        let vp = at.x + value_pool();
+        let v_scale = select(1.0, kv_row_scale(vp, at.y), kv_row_scaled(vp));
+        var sv: array<f32, MAX_TILE>;
         for (var t = 0u; t < TILE; t++) { // @unroll
             let p_t = pos[t];
             var visible = live;
@@ -272,50 +301,99 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 visible = visible && jc <= p_t && (params.window == 0u || p_t - jc < params.window);
             }
             let dist = select(jc - p_t, p_t - jc, p_t >= jc);
-            let sc = score_of(dots[t], params.scale, params.softcap, slope[t] * f32(dist));
+            let sc = score_of(own_dots[t], params.scale, params.softcap, slope[t] * f32(dist));
             bad[t] = bad[t] || (visible && sc.poison);
-            let sv = select(MASKED, sc.value, visible);
-            let w = softmax_step(m[t], sv);
-            raised[t] = w.raised;
-            alpha[t] = w.alpha;
-            let p = f32(real(w.p));
-            l[t] = fma(l[t], alpha[t], p);
-            m[t] = max(m[t], sv);
-            // A zero probability stays zero (a masked key's scale may be NaN).
-            pv[t] = select(0.0, p * v_scale, bits_nonzero(p));
+            sv[t] = select(MASKED, sc.value, visible);
         }
 
-        // 4. The value row, each lane its chunks: acc = acc alpha + p v, the rescale only where
-        // the row's max rose (alpha is exactly 1 elsewhere), the product only where p is not
-        // zero (0 * inf or 0 * NaN must not reach a row). MLA's value is the latent the lane
-        // read in step 1 (the same chunks: V_CH == K_CH, CHV == CHK), so it is not read again.
+        // 3. The online softmax: the step's max over the group's keys, the running state
+        // rescaled only where the max rose (alpha is exactly 1 elsewhere), the own key's
+        // probability in `real` precision, and that times the V row's scale (a zero probability
+        // stays zero: a masked key's scale may be NaN).
+        var top = sv;
+        if KEY_STEP > 1u {
+            top = lanes_max_rows(sv);
+        }
+        var raised: array<bool, MAX_TILE>;
+        var alpha: array<f32, MAX_TILE>;
+        var pv: array<f32, MAX_TILE>;
+        for (var t = 0u; t < TILE; t++) { // @unroll
+            let mt = max(m[t], top[t]);
+            raised[t] = mt > m[t];
+            alpha[t] = select(1.0, exp(m[t] - mt), raised[t]);
+            let p = f32(real(softmax_weight(sv[t], mt)));
+            l[t] = fma(l[t], alpha[t], p);
+            m[t] = mt;
+            pv[t] = select(0.0, p * v_scale, bits_nonzero(p));
+        }
         for (var c = 0u; c < CHV; c++) { // @unroll
-            let ci = lane + c * KEY_LANES;
-            if ci < V_CH {
-                var w: vec4<u32>;
-                var sm: vec2<f32>;
-                if value_pool() == 0u {
-                    w = kwords[c];
-                    sm = kgroups[c];
-                } else {
-                    w = pool_chunk(vp, row, ci);
-                    sm = chunk_group(vp, row, ci);
-                }
-                for (var p = 0u; p < QV; p++) { // @unroll
-                    let v = vec4<f32>(real4(kv_quad_of(v_dtype, w, p, sm)));
-                    for (var t = 0u; t < TILE; t++) { // @unroll
-                        let a = (t * CHV + c) * QV + p;
-                        var x = acc[a];
-                        if raised[t] {
-                            x = x * alpha[t];
-                        }
-                        if bits_nonzero(pv[t]) {
-                            x = fma(vec4<f32>(pv[t]), v, x);
-                        }
-                        acc[a] = x;
+            for (var p = 0u; p < QV; p++) { // @unroll
+                for (var t = 0u; t < TILE; t++) { // @unroll
+                    let a = (t * CHV + c) * QV + p;
+                    if raised[t] {
+                        acc[a] = acc[a] * alpha[t];
                     }
                 }
             }
+        }
+
+        // 4. The value rows of the step's keys in order, each lane its chunks: acc += p v, the
+        // product only where p is not zero (0 * inf or 0 * NaN must not reach a row), and no
+        // read of a row that no row of the tile weighs. MLA's value is the latent the lane read
+        // in step 1 (the same chunks: V_CH == K_CH, CHV == CHK), so it is not read again.
+        if KEY_STEP > 1u {
+            lanes_share_rows(pv);
+        }
+        for (var k = 0u; k < KEY_STEP; k++) {
+            var pk = pv;
+            if KEY_STEP > 1u {
+                pk = lanes_shared_rows(k);
+            }
+            var weighed = false;
+            for (var t = 0u; t < TILE; t++) { // @unroll
+                weighed = weighed || bits_nonzero(pk[t]);
+            }
+            if weighed {
+                let vat = key_at(it, kv_head, first + k * NG);
+                let vpk = vat.x + value_pool();
+                for (var c = 0u; c < CHV; c++) { // @unroll
+                    let ci = lane + c * KEY_LANES;
+                    if ci < V_CH {
+                        var w: vec4<u32>;
+                        var sm: vec2<f32>;
+                        if value_pool() == 0u {
+                            w = kwords[c];
+                            sm = kgroups[c];
+                        } else {
+                            w = pool_chunk(vpk, vat.y, ci);
+                            sm = chunk_group(vpk, vat.y, ci);
+                        }
+                        for (var p = 0u; p < QV; p++) { // @unroll
+                            let v = vec4<f32>(real4(kv_quad_of(v_dtype, w, p, sm)));
+                            for (var t = 0u; t < TILE; t++) { // @unroll
+                                let a = (t * CHV + c) * QV + p;
+                                if bits_nonzero(pk[t]) {
+                                    acc[a] = fma(vec4<f32>(pk[t]), v, acc[a]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // The group's row sums (each lane summed its own keys) and poisoned flags (as 0 or 1; any
+    // nonzero bits, NaN included, count as poisoned).
+    if KEY_STEP > 1u {
+        l = lanes_sum_rows(l);
+        var flags: array<f32, MAX_TILE>;
+        for (var t = 0u; t < TILE; t++) { // @unroll
+            flags[t] = select(0.0, 1.0, bad[t]);
+        }
+        flags = lanes_max_rows(flags);
+        for (var t = 0u; t < TILE; t++) { // @unroll
+            bad[t] = bits_nonzero(flags[t]);
         }
     }
 

@@ -1,5 +1,6 @@
 // rows_subgroup.wgsl: the paged kernel's sums of a key's partial dot products over the
-// KEY_LANES lanes of a group with subgroup shuffles (needs SUBGROUP), and the entry point. The
+// KEY_LANES lanes of a group with subgroup shuffles (needs SUBGROUP), its other exchanges
+// between the lanes of a group (maxima, one lane's rows to all), and the entry point. The
 // same butterfly as rows_portable.wgsl (at step o = KEY_LANES / 2, ..., 1, lane i takes
 // x_i + x_(i xor o)), so the bits agree; no barrier, and no subgroupAdd (whose order is the
 // implementation's).
@@ -36,6 +37,48 @@ fn lanes_sum_rows(d: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
     return out;
 }
 
+// Each row's max of x over the group's lanes (exact in any order), the same in every lane.
+fn lanes_max_rows(x: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
+    var out: array<f32, MAX_TILE>;
+    for (var r = 0u; r < ROW_QUADS; r++) { // @unroll
+        let t = 4u * r;
+        var y = vec4<f32>(x[t], x[t + 1u], x[t + 2u], x[t + 3u]);
+        for (var o = KEY_LANES / 2u; o > 0u; o /= 2u) {
+            y = max(y, subgroupShuffleXor(y, o));
+        }
+        out[t] = y.x;
+        out[t + 1u] = y.y;
+        out[t + 2u] = y.z;
+        out[t + 3u] = y.w;
+    }
+    return out;
+}
+
+// The rows this lane shares (lanes_share_rows) and the subgroup lane of its group's first lane.
+var<private> shared_rows: array<f32, MAX_TILE>;
+var<private> group_lane0: u32;
+
+// Offers x to the group's lanes (lanes_shared_rows reads it).
+fn lanes_share_rows(x: array<f32, MAX_TILE>) {
+    shared_rows = x;
+}
+
+// The rows lane k of the group shared last.
+fn lanes_shared_rows(k: u32) -> array<f32, MAX_TILE> {
+    var out: array<f32, MAX_TILE>;
+    for (var r = 0u; r < ROW_QUADS; r++) { // @unroll
+        let t = 4u * r;
+        let x = vec4<f32>(shared_rows[t], shared_rows[t + 1u], shared_rows[t + 2u],
+            shared_rows[t + 3u]);
+        let y = subgroupShuffle(x, group_lane0 + k);
+        out[t] = y.x;
+        out[t + 1u] = y.y;
+        out[t + 2u] = y.z;
+        out[t + 3u] = y.w;
+    }
+    return out;
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -52,5 +95,6 @@ fn main(
     }
     workgroupBarrier();
     lanes_packed = atomicLoad(&lanes_unpacked) == 0u;
+    group_lane0 = lane - lane % KEY_LANES;
     attend(wid, tid);
 }

@@ -132,6 +132,9 @@ pub struct WorkgroupLayout {
     pub wg: u32,
     /// Lanes sharing one key row.
     pub key_lanes: u32,
+    /// Keys a lane group takes per step, each scored by one of its lanes (`key_lanes`), or 1
+    /// for MLA, whose values are the latent chunks every lane read for the key's dot products.
+    pub key_step: u32,
     /// The lane groups sum with subgroup shuffles (else through workgroup memory).
     pub subgroups: bool,
     /// Rows are read as `vec4<u32>`.
@@ -236,6 +239,7 @@ impl WorkgroupLayout {
                 return Ok(Self {
                     wg,
                     key_lanes,
+                    key_step: if geometry.mla { 1 } else { key_lanes },
                     subgroups,
                     wide,
                     chunks,
@@ -272,9 +276,10 @@ impl WorkgroupLayout {
     }
 
     /// Names of the override constants of a layout.
-    const LAYOUT_NAMES: [&'static str; 9] = [
+    const LAYOUT_NAMES: [&'static str; 10] = [
         "WG",
         "KEY_LANES",
+        "KEY_STEP",
         "WIDE",
         "K_CH",
         "V_CH",
@@ -286,10 +291,11 @@ impl WorkgroupLayout {
 
     /// The override constants of this layout (beside the shape's and formats'), named as
     /// [`Self::LAYOUT_NAMES`].
-    fn constants(&self) -> [(&'static str, f64); 9] {
+    fn constants(&self) -> [(&'static str, f64); 10] {
         [
             ("WG", f64::from(self.wg)),
             ("KEY_LANES", f64::from(self.key_lanes)),
+            ("KEY_STEP", f64::from(self.key_step)),
             ("WIDE", f64::from(u8::from(self.wide))),
             ("K_CH", f64::from(self.chunks[0])),
             ("V_CH", f64::from(self.chunks[1])),
