@@ -815,6 +815,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!((l.key_lanes, l.wg, l.subgroups), (16, 128, true));
+        // Every lane of a group owns one key of a step.
+        assert_eq!(l.key_step, l.key_lanes);
         assert_eq!(l.chunks, [16, 16, 0]);
         assert_eq!(l.full_tile, 16);
         // int8 rows of 128 are 8 chunks; MLA's fp8 latent (32 chunks) with its bf16 RoPE key.
@@ -831,6 +833,8 @@ mod tests {
             &gpu,
         )
         .unwrap();
+        // MLA takes one key a step (its values are the latent chunks of that key).
+        assert_eq!(l.key_step, 1);
         assert_eq!(
             (l.key_lanes, l.chunks, l.columns),
             (32, [32, 32, 8], [4, 4, 2])
