@@ -12,6 +12,9 @@
 //   them. Scale words: f32 bits of the row's scale (per-row FP8, int8); one word per group of 32
 //   values, f16 scale low and f16 min high (int4). Per-tensor FP8 has none: its scale and
 //   reciprocal are in `tensor`.
+// src4 is src again as 16-byte units where SRC_VEC4 (every (token, head) row of the source is whole
+//   16-byte units): each lane then reads its chunk's source values 16 bytes at a time, adjacent
+//   lanes adjacent units. Otherwise it is unused (the host binds some other buffer there).
 // pool4 and pool_words are the same buffer: pool4 takes every value store, 16 bytes wide (a
 //   row's stride is whole vec4<u32> units and starts on one: the pool layout's padding, whose
 //   words past a row's wpr are written as 0); pool_words takes the scale words, which several
@@ -60,6 +63,9 @@ override DST_DTYPE: u32 = 0u;
 override SRC_F16: bool = false;
 // FP8 with the static scale of `tensor` (no scale words); otherwise scales per row.
 override PER_TENSOR: bool = false;
+// The source's rows are whole 16-byte units (DIM times the source's value bytes a multiple of 16):
+// read it through src4.
+override SRC_VEC4: bool = false;
 
 @group(0) @binding(0) var<uniform> params: AppendParams;
 @group(0) @binding(1) var<storage, read> src: array<u32>;
@@ -67,17 +73,10 @@ override PER_TENSOR: bool = false;
 @group(0) @binding(3) var<storage, read_write> pool4: array<vec4<u32>>;
 @group(0) @binding(4) var<uniform> tensor: TensorScale;
 @group(0) @binding(5) var<storage, read_write> pool_words: array<u32>;
+@group(0) @binding(6) var<storage, read> src4: array<vec4<u32>>;
 
 // Per invocation, its share of its row's amax, reduced in place.
 var<workgroup> wg_amax: array<u32, WG>;
-
-// f32 bits of element `e` of the source.
-fn src_bits(e: u32) -> u32 {
-    if SRC_F16 {
-        return kv_f16_to_f32_bits((src[e / 2u] >> ((e & 1u) * 16u)) & 0xffffu);
-    }
-    return src[e];
-}
 
 // f32 bits of elements e and e + 1 of the source (e even: one word of an f16 source).
 fn src_pair(e: u32) -> vec2<u32> {
@@ -86,6 +85,33 @@ fn src_pair(e: u32) -> vec2<u32> {
         return vec2<u32>(kv_f16_to_f32_bits(w & 0xffffu), kv_f16_to_f32_bits(w >> 16u));
     }
     return vec2<u32>(src[e], src[e + 1u]);
+}
+
+// f32 bits of elements e .. e + 3 of the source, e - e0 a multiple of 4 (a whole 16-byte unit of
+// an f32 source, half of one of an f16 source, where SRC_VEC4).
+fn src_quad(e: u32) -> vec4<u32> {
+    if SRC_VEC4 {
+        if SRC_F16 {
+            let u = src4[e / 8u];
+            let w = select(u.xy, u.zw, (e & 4u) != 0u);
+            return vec4<u32>(
+                kv_f16_to_f32_bits(w.x & 0xffffu),
+                kv_f16_to_f32_bits(w.x >> 16u),
+                kv_f16_to_f32_bits(w.y & 0xffffu),
+                kv_f16_to_f32_bits(w.y >> 16u),
+            );
+        }
+        return src4[e / 4u];
+    }
+    return vec4<u32>(src_pair(e), src_pair(e + 2u));
+}
+
+// Source words w .. w + 3 (w a multiple of 4 where SRC_VEC4).
+fn src_word4(w: u32) -> vec4<u32> {
+    if SRC_VEC4 {
+        return src4[w / 4u];
+    }
+    return vec4<u32>(src[w], src[w + 1u], src[w + 2u], src[w + 3u]);
 }
 
 // Two f16 values as kv_f32_bits_to_f16(kv_f16_to_f32_bits(h)) gives each: h itself, except that
@@ -97,22 +123,36 @@ fn f16_requiet2(w: u32) -> u32 {
     return w | select(0u, 0x0200u, nan.x) | select(0u, 0x02000000u, nan.y);
 }
 
-// Word `w` of an unscaled row (f32, f16, bf16) whose first source element is `e0`.
-fn encode_word(e0: u32, w: u32) -> u32 {
+// Words 4c .. 4c + 3 of an unscaled row (f32, f16, bf16) whose first source element is `e0`;
+// words past the row's end hold whatever the source has there (the caller drops them).
+fn encode_chunk(e0: u32, c: u32) -> vec4<u32> {
     switch DST_DTYPE {
         case KV_F16: {
             if SRC_F16 {
-                return f16_requiet2(src[e0 / 2u + w]);
+                let w = src_word4(e0 / 2u + 4u * c);
+                return vec4<u32>(f16_requiet2(w.x), f16_requiet2(w.y), f16_requiet2(w.z), f16_requiet2(w.w));
             }
-            let p = src_pair(e0 + 2u * w);
-            return kv_f32_bits_to_f16(p.x) | (kv_f32_bits_to_f16(p.y) << 16u);
+            let a = src_quad(e0 + 8u * c);
+            let b = src_quad(e0 + 8u * c + 4u);
+            return vec4<u32>(
+                kv_f32_bits_to_f16(a.x) | (kv_f32_bits_to_f16(a.y) << 16u),
+                kv_f32_bits_to_f16(a.z) | (kv_f32_bits_to_f16(a.w) << 16u),
+                kv_f32_bits_to_f16(b.x) | (kv_f32_bits_to_f16(b.y) << 16u),
+                kv_f32_bits_to_f16(b.z) | (kv_f32_bits_to_f16(b.w) << 16u),
+            );
         }
         case KV_BF16: {
-            let p = src_pair(e0 + 2u * w);
-            return kv_f32_bits_to_bf16(p.x) | (kv_f32_bits_to_bf16(p.y) << 16u);
+            let a = src_quad(e0 + 8u * c);
+            let b = src_quad(e0 + 8u * c + 4u);
+            return vec4<u32>(
+                kv_f32_bits_to_bf16(a.x) | (kv_f32_bits_to_bf16(a.y) << 16u),
+                kv_f32_bits_to_bf16(a.z) | (kv_f32_bits_to_bf16(a.w) << 16u),
+                kv_f32_bits_to_bf16(b.x) | (kv_f32_bits_to_bf16(b.y) << 16u),
+                kv_f32_bits_to_bf16(b.z) | (kv_f32_bits_to_bf16(b.w) << 16u),
+            );
         }
         default: {
-            return src_bits(e0 + w);
+            return src_quad(e0 + 4u * c);
         }
     }
 }
@@ -136,11 +176,9 @@ fn encode_byte(bits: u32, inv: u32) -> u32 {
 
 // Word `w` of an 8-bit row (four codes, element 4w in the low byte).
 fn encode_word8(e0: u32, w: u32, inv: u32) -> u32 {
-    let e = e0 + 4u * w;
-    let lo = src_pair(e);
-    let hi = src_pair(e + 2u);
-    return encode_byte(lo.x, inv) | (encode_byte(lo.y, inv) << 8u)
-        | (encode_byte(hi.x, inv) << 16u) | (encode_byte(hi.y, inv) << 24u);
+    let q = src_quad(e0 + 4u * w);
+    return encode_byte(q.x, inv) | (encode_byte(q.y, inv) << 8u)
+        | (encode_byte(q.z, inv) << 16u) | (encode_byte(q.w, inv) << 24u);
 }
 
 // The amax contribution of one value: the integer max of `bits & 0x7fffffff`, FP8 over finite
@@ -157,11 +195,14 @@ fn amax_of(bits: u32) -> u32 {
 // The row's values of chunk c (16 values of an 8-bit row, fewer past DIM): their amax.
 fn chunk_amax(e0: u32, c: u32) -> u32 {
     var m = 0u;
-    for (var i = 0u; i < 16u; i += 2u) {
+    for (var i = 0u; i < 16u; i += 4u) {
         let e = 16u * c + i;
         if e < DIM {
-            let p = src_pair(e0 + e);
-            m = max(m, max(amax_of(p.x), amax_of(p.y)));
+            let q = src_quad(e0 + e);
+            m = max(m, max(amax_of(q.x), amax_of(q.y)));
+            if e + 2u < DIM {
+                m = max(m, max(amax_of(q.z), amax_of(q.w)));
+            }
         }
     }
     return m;
@@ -250,14 +291,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 var lo = kv_total_key(0x7f800000u);
                 var hi = kv_total_key(0xff800000u);
                 var finite = true;
-                for (var i = 0u; i < 32u; i += 2u) {
-                    let p = src_pair(g0 + i);
-                    finite = finite && (p.x & 0x7fffffffu) < 0x7f800000u
-                        && (p.y & 0x7fffffffu) < 0x7f800000u;
-                    let kx = kv_total_key(p.x);
-                    let ky = kv_total_key(p.y);
-                    lo = min(lo, min(kx, ky));
-                    hi = max(hi, max(kx, ky));
+                for (var i = 0u; i < 32u; i += 4u) {
+                    let q = src_quad(g0 + i);
+                    finite = finite && all((q & vec4<u32>(0x7fffffffu)) < vec4<u32>(0x7f800000u));
+                    let k = vec4<u32>(
+                        kv_total_key(q.x),
+                        kv_total_key(q.y),
+                        kv_total_key(q.z),
+                        kv_total_key(q.w),
+                    );
+                    lo = min(lo, min(min(k.x, k.y), min(k.z, k.w)));
+                    hi = max(hi, max(max(k.x, k.y), max(k.z, k.w)));
                 }
                 var p = vec4<u32>(0x7e00u, 0x7e00u, 0u, 0x7fc00000u);
                 if finite {
@@ -267,10 +311,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 var v = vec4<u32>(0u);
                 for (var w = 0u; w < 4u; w++) {
                     var word = 0u;
-                    for (var j = 0u; j < 8u; j += 2u) {
-                        let q = src_pair(g0 + 8u * w + j);
+                    for (var j = 0u; j < 8u; j += 4u) {
+                        let q = src_quad(g0 + 8u * w + j);
                         word |= kv_encode_int4(q.x, p.z, p.w) << (4u * j);
                         word |= kv_encode_int4(q.y, p.z, p.w) << (4u * j + 4u);
+                        word |= kv_encode_int4(q.z, p.z, p.w) << (4u * j + 8u);
+                        word |= kv_encode_int4(q.w, p.z, p.w) << (4u * j + 12u);
                     }
                     v[w] = word;
                 }
@@ -279,13 +325,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         default: {
             for (var c = lane; c < chunks; c += LANES) {
-                var v = vec4<u32>(0u);
-                for (var j = 0u; j < 4u; j++) {
-                    if 4u * c + j < wpr {
-                        v[j] = encode_word(e0, 4u * c + j);
-                    }
-                }
-                pool4[dst4 + c] = v;
+                let words = encode_chunk(e0, c);
+                let keep = vec4<u32>(4u * c) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(wpr);
+                pool4[dst4 + c] = select(vec4<u32>(0u), words, keep);
             }
         }
     }

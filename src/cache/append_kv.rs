@@ -81,6 +81,48 @@ impl SourceDtype {
     }
 }
 
+/// Whether every (token, head) row of a source is whole 16-byte units, so that the kernel reads
+/// it 16 bytes at a time (its `src4` view): every f32 source (head dims are multiples of 4), f16
+/// sources at head dims that are multiples of 8.
+fn source_vec4(head_dim: usize, src: SourceDtype) -> bool {
+    (head_dim * src.bytes()) % 16 == 0
+}
+
+/// Smallest row list in bytes: the list stands in for the kernel's 16-byte view of the source
+/// where the source is not read through it (see [`bindings`]). [`Context::upload`] never makes
+/// a smaller buffer; [`AppendPlan`](super::append_plan::AppendPlan)'s list is sized to at least this.
+pub(crate) const MIN_LIST_BYTES: u64 = 16;
+
+/// The kernel's bindings, in order, writing buffer `buffer` of `pool` from `src` (`src_dtype`
+/// values) with the row list `list` and the parameters `params`. The source is bound twice, as
+/// words and as 16-byte units; where the kernel does not read it as the latter
+/// ([`source_vec4`] false), that view takes the row list instead, which is at least
+/// [`MIN_LIST_BYTES`] (a source may be smaller than a 16-byte view's smallest binding).
+pub(crate) fn bindings<'a>(
+    params: wgpu::BindingResource<'a>,
+    src: wgpu::BufferBinding<'a>,
+    src_dtype: SourceDtype,
+    list: &'a wgpu::Buffer,
+    pool: &'a BlockPool,
+    buffer: usize,
+) -> [wgpu::BindingResource<'a>; 7] {
+    let src4 = if source_vec4(pool.layout().head_dim, src_dtype) {
+        wgpu::BindingResource::Buffer(src.clone())
+    } else {
+        list.as_entire_binding()
+    };
+    [
+        params,
+        wgpu::BindingResource::Buffer(src),
+        list.as_entire_binding(),
+        pool.buffers()[buffer].as_entire_binding(),
+        pool.scale_uniform().as_entire_binding(),
+        // The same buffer again: the kernel's u32 view for scale words.
+        pool.buffers()[buffer].as_entire_binding(),
+        src4,
+    ]
+}
+
 fn constants(pool: &BlockPool, src: SourceDtype) -> Vec<(&'static str, f64)> {
     let layout = pool.layout();
     kernel_constants(
@@ -104,6 +146,7 @@ fn kernel_constants(
         ("DST_DTYPE", f64::from(dtype.code())),
         ("SRC_F16", f64::from(u8::from(src == SourceDtype::F16))),
         ("PER_TENSOR", f64::from(u8::from(per_tensor))),
+        ("SRC_VEC4", f64::from(u8::from(source_vec4(head_dim, src)))),
     ]
 }
 
@@ -121,7 +164,8 @@ pub(crate) fn append_pipeline(
 }
 
 /// Override constants for the naga tests: every storage format (FP8 with per-row and
-/// per-tensor scales), the smallest and largest head dims, both sources.
+/// per-tensor scales), the smallest and largest head dims, both sources, both ways of reading
+/// them.
 pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
     let mut sets = Vec::new();
     for dtype in KvDtype::ALL {
@@ -134,6 +178,8 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
             let smallest = if dtype == KvDtype::Int4 { 32 } else { 4 };
             for (dim, src) in [
                 (smallest, SourceDtype::F32),
+                // An f16 source read word by word (not whole 16-byte rows) but for int4.
+                (smallest, SourceDtype::F16),
                 (64, SourceDtype::F16),
                 (crate::quant::MAX_HEAD_DIM, SourceDtype::F16),
             ] {
@@ -331,15 +377,14 @@ pub(crate) fn prepare_rows(
             ctx.prepare_dispatch(
                 "append_kv",
                 &pipeline,
-                &[
+                &bindings(
                     uniform.as_entire_binding(),
-                    wgpu::BindingResource::Buffer(src.clone()),
-                    list.as_entire_binding(),
-                    pool.buffers()[*buffer].as_entire_binding(),
-                    pool.scale_uniform().as_entire_binding(),
-                    // The same buffer again: the kernel's u32 view for scale words.
-                    pool.buffers()[*buffer].as_entire_binding(),
-                ],
+                    src.clone(),
+                    src_dtype,
+                    list,
+                    pool,
+                    *buffer,
+                ),
                 [layout.num_kv_heads as u32, workgroups_for(pool, *n), 1],
             )
         })

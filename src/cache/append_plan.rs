@@ -16,7 +16,9 @@
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::append_kv::{append_pipeline, workgroups_for, AppendParams, SourceDtype};
+use super::append_kv::{
+    append_pipeline, bindings, workgroups_for, AppendParams, SourceDtype, MIN_LIST_BYTES,
+};
 use super::paged::{AppendBatch, PagedKvCache};
 use super::pool::BlockPool;
 use crate::gpu::dispatch::fit_u32;
@@ -133,12 +135,12 @@ impl BindingKey {
         }
     }
 
-    fn binding(&self) -> wgpu::BindingResource<'_> {
-        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+    fn buffer_binding(&self) -> wgpu::BufferBinding<'_> {
+        wgpu::BufferBinding {
             buffer: &self.buffer,
             offset: self.offset,
             size: self.size,
-        })
+        }
     }
 }
 
@@ -245,7 +247,7 @@ impl AppendPlan {
         let slot_stride = PARAMS_BYTES.div_ceil(align.max(1)) * align.max(1);
         let list = ctx.create_buffer(&wgpu::BufferDescriptor {
             label: Some("append plan rows"),
-            size: list_bytes,
+            size: list_bytes.max(MIN_LIST_BYTES),
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         })?;
@@ -405,6 +407,7 @@ impl AppendPlan {
         pipeline: &wgpu::ComputePipeline,
         pool: &BlockPool,
         src: &BindingKey,
+        src_dtype: SourceDtype,
     ) -> Result<Vec<wgpu::BindGroup>> {
         let size = NonZeroU64::new(PARAMS_BYTES).expect("params are not empty");
         self.slot_buffer
@@ -414,19 +417,18 @@ impl AppendPlan {
                 ctx.bind_group(
                     "append plan",
                     pipeline,
-                    &[
+                    &bindings(
                         wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                             buffer: &self.params,
                             offset: slot as u64 * self.slot_stride,
                             size: Some(size),
                         }),
-                        src.binding(),
-                        self.list.as_entire_binding(),
-                        pool.buffers()[b].as_entire_binding(),
-                        pool.scale_uniform().as_entire_binding(),
-                        // The same buffer again: the kernel's u32 view for scale words.
-                        pool.buffers()[b].as_entire_binding(),
-                    ],
+                        src.buffer_binding(),
+                        src_dtype,
+                        &self.list,
+                        pool,
+                        b,
+                    ),
                 )
             })
             .collect()
@@ -467,8 +469,8 @@ impl AppendPlan {
         if fresh {
             let pk = append_pipeline(ctx, &pools.k, io.src)?;
             let pv = append_pipeline(ctx, &pools.v, io.src)?;
-            let gk = self.groups(ctx, &pk, &pools.k, &k)?;
-            let gv = self.groups(ctx, &pv, &pools.v, &v)?;
+            let gk = self.groups(ctx, &pk, &pools.k, &k, io.src)?;
+            let gv = self.groups(ctx, &pv, &pools.v, &v, io.src)?;
             binds[io.layer] = Some(LayerBinds {
                 k,
                 v,

@@ -571,6 +571,10 @@ fn mixed_k_and_v_formats_append_matches_cpu_codec() {
         (per_row(KvDtype::Fp8E4M3, 128), per_row(KvDtype::Int8, 64)),
         (per_row(KvDtype::F16, 64), per_row(KvDtype::Int4, 64)),
         (per_row(KvDtype::Int8, 32), per_row(KvDtype::Bf16, 32)),
+        // Unscaled rows whose last 16-byte chunk is partial, f16 sources not whole 16-byte
+        // units (read word by word; at head dim 4 a one-row source is 8 bytes).
+        (per_row(KvDtype::F16, 12), per_row(KvDtype::Bf16, 20)),
+        (per_row(KvDtype::F32, 36), per_row(KvDtype::F16, 4)),
     ];
     check_grid("mixed", &pairs, 5);
 }
