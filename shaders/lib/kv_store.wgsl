@@ -142,6 +142,15 @@ fn kv_mul_bits(a: u32, b: u32) -> u32 {
     if aa == 0u || ba == 0u {
         return sign;
     }
+    // b a normal power of two (a per-row FP8 reciprocal scale) and a normal: where the product's
+    // exponent field stays in 1..=254 the product is exact, a sum of the exponents.
+    let fa = aa >> 23u;
+    if (ba & 0x007fffffu) == 0u && ba >= 0x00800000u && fa != 0u {
+        let f = i32(fa) + i32(ba >> 23u) - 127;
+        if f >= 1 && f <= 254 {
+            return sign | (u32(f) << 23u) | (aa & 0x007fffffu);
+        }
+    }
     let x = kv_unpack(aa);
     let y = kv_unpack(ba);
     // 24 x 24 -> 48-bit product hi * 2^24 + lo from 12-bit limbs (no partial sum reaches 2^32).

@@ -818,14 +818,14 @@ fn edge_bits(rng: &mut Rng) -> u32 {
 }
 
 /// Pairs exercising every path: raw random bits, edge cases, products and quotients near the
-/// subnormal boundary, sums with cancellation and every exponent difference.
+/// subnormal boundary, products by powers of two at both ends of the normal range, sums with cancellation and every exponent difference.
 fn arithmetic_pairs(n: usize) -> Vec<[u32; 2]> {
     let mut rng = Rng::new(8);
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
         let a = rng.next_u64() as u32;
         let b = rng.next_u64() as u32;
-        let pair = match out.len() % 6 {
+        let pair = match out.len() % 7 {
             0 => [a, b],
             1 => [edge_bits(&mut rng), edge_bits(&mut rng)],
             2 => {
@@ -861,6 +861,21 @@ fn arithmetic_pairs(n: usize) -> Vec<[u32; 2]> {
                 [
                     (a & 0x807F_FFFF) | (fa << 23),
                     ((a ^ (b & 0x8000_0000)) & 0x8000_0000) | (fb << 23) | mb,
+                ]
+            }
+            5 => {
+                // b a power of two (kv_mul_bits' exponent-add path, per-row FP8 scaling), product
+                // exponent fields at both ends of the normal range and past them.
+                let fa = 1 + (a >> 8) % 254;
+                let target = if b & 1 == 0 {
+                    ((b >> 8) % 8) as i32 - 3
+                } else {
+                    250 + ((b >> 8) % 8) as i32
+                };
+                let fb = (target + 127 - fa as i32).clamp(1, 254) as u32;
+                [
+                    (a & 0x807F_FFFF) | (fa << 23),
+                    (b & 0x8000_0000) | (fb << 23),
                 ]
             }
             _ => {
