@@ -45,10 +45,16 @@ pub const SPLIT_TOKENS: usize = 512;
 pub(super) const LANE_WG: u32 = 8;
 /// Largest tile of rows (the WGSL `MAX_TILE`).
 const MAX_TILE: usize = 16;
-/// Query and accumulator vec4s one invocation of the workgroup kernel holds at most (the WGSL
-/// `MAX_QREG` and `MAX_AREG`).
+/// Query and accumulator vec4s one invocation of the workgroup kernel holds at most on a GPU
+/// (the WGSL `MAX_QREG` and `MAX_AREG` of its loop form; a CPU adapter may take more, see
+/// [`CPU_TILE`]).
 const MAX_QREG: usize = 32;
 const MAX_AREG: usize = 32;
+/// Rows a tile of the workgroup kernel may reach on a CPU adapter whatever its rows' registers
+/// ([`DeviceFit::cpu`]): there the private arrays are memory, and the cost per (row, key) is
+/// the words of the key's K and V rows loaded per tile, so a row as long as MLA's latent (576
+/// values) takes tiles of 8 heads rather than the 1 the register budget allows a GPU.
+const CPU_TILE: usize = 8;
 /// Most lanes sharing a key row.
 const MAX_KEY_LANES: u32 = 32;
 /// Pool buffers (K and V each) one dispatch of an attention kernel binds at most: a pool over
@@ -85,6 +91,9 @@ pub struct DeviceFit {
     pub storage_buffers: u32,
     /// Lanes per key forced by the caller (a power of two, 1 to 32).
     pub key_lanes: Option<u32>,
+    /// The adapter runs on the CPU ([`crate::gpu::Capabilities::cpu_adapter`]): tiles may
+    /// reach 8 rows past the register budget.
+    pub cpu: bool,
 }
 
 impl DeviceFit {
@@ -96,6 +105,7 @@ impl DeviceFit {
         workgroup_storage: 16384,
         storage_buffers: 8,
         key_lanes: None,
+        cpu: false,
     };
 
     /// The fit of `ctx`'s device.
@@ -108,6 +118,7 @@ impl DeviceFit {
             workgroup_storage: caps.max_compute_workgroup_storage_size,
             storage_buffers: caps.max_storage_buffers_per_shader_stage,
             key_lanes: caps.key_lanes,
+            cpu: caps.cpu_adapter,
         }
     }
 
@@ -211,7 +222,14 @@ impl WorkgroupLayout {
             None => (natural, false),
         };
         let (q, a) = regs(key_lanes);
-        let by_regs = (MAX_QREG / q.max(1)).min(MAX_AREG / a.max(1));
+        // The lanes (and so the bits) are those of any device with these subgroups; a CPU
+        // adapter only takes more rows a tile.
+        let (max_q, max_a) = if fit.cpu {
+            (MAX_QREG.max(CPU_TILE * q), MAX_AREG.max(CPU_TILE * a))
+        } else {
+            (MAX_QREG, MAX_AREG)
+        };
+        let by_regs = (max_q / q.max(1)).min(max_a / a.max(1));
         let wide = super::paged::rows_aligned(k, v);
         let dv4 = shape.head_dim_v.div_ceil(4);
         // Workgroup memory of a tile of `t` rows with `wg` invocations (paged.wgsl's arrays).
@@ -782,6 +800,7 @@ mod tests {
             workgroup_storage: 49152,
             storage_buffers: 1_000_000,
             key_lanes: None,
+            cpu: false,
         };
         // Pool slots: what the storage bindings leave, from 1 to MAX_POOL_SLOTS.
         assert_eq!(gpu.pool_slots(1), MAX_POOL_SLOTS);
@@ -851,6 +870,36 @@ mod tests {
         )
         .unwrap();
         assert_eq!((l.key_lanes, l.subgroups), (8, true));
+        // A CPU adapter (lavapipe): the same lanes, and so the same bits, but tiles of up to
+        // CPU_TILE rows where a GPU's register budget takes fewer: MLA's f16 latent row (18
+        // query and 16 accumulator vec4s a head on 8 lanes) gets 8 heads a tile, not 1; rows
+        // that already take 8 keep their tile.
+        let cpu = DeviceFit { cpu: true, ..sg8 };
+        let mla = (shape(128, 576, 512), geometry(KvDtype::F16, 512, Some(64)));
+        let on_gpu = WorkgroupLayout::new(&mla.0, &mla.1, &sg8).unwrap();
+        let on_cpu = WorkgroupLayout::new(&mla.0, &mla.1, &cpu).unwrap();
+        assert_eq!((on_gpu.key_lanes, on_gpu.full_tile), (8, 1));
+        assert_eq!(
+            on_cpu,
+            WorkgroupLayout {
+                full_tile: CPU_TILE,
+                ..on_gpu
+            }
+        );
+        for (d, gpu_tile) in [(128, 8), (256, 4)] {
+            let (s, g) = (shape(32, d, d), geometry(KvDtype::F16, d, None));
+            let on_gpu = WorkgroupLayout::new(&s, &g, &sg8).unwrap();
+            let on_cpu = WorkgroupLayout::new(&s, &g, &cpu).unwrap();
+            assert_eq!(on_gpu.full_tile, gpu_tile, "head dim {d}");
+            assert_eq!(
+                on_cpu,
+                WorkgroupLayout {
+                    full_tile: 8,
+                    ..on_gpu
+                },
+                "head dim {d}"
+            );
+        }
         // No subgroups (DX12, GL): the portable sums.
         let l = WorkgroupLayout::new(
             &shape(8, 128, 128),

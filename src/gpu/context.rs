@@ -152,6 +152,10 @@ pub struct Capabilities {
     pub f16_unpack_exact: bool,
     /// Workgroups per dispatch dimension.
     pub max_compute_workgroups_per_dimension: u32,
+    /// The adapter runs on the CPU (lavapipe, llvmpipe, WARP): its invocations' private arrays
+    /// live in memory rather than in a register file, so the workgroup attention kernel takes
+    /// larger tiles of rows there (ARCHITECTURE.md section 5).
+    pub cpu_adapter: bool,
 }
 
 impl Capabilities {
@@ -494,6 +498,7 @@ impl Context {
                 .flags
                 .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32),
             f16_unpack_exact: false,
+            cpu_adapter: info.device_type == wgpu::DeviceType::Cpu,
         };
         let mut ctx = Self {
             device,
