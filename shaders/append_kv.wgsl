@@ -288,11 +288,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let g0 = e0 + 32u * g;
                 // Min and max by total order (-0 < +0), as Int4Params::for_group; a NaN or an
                 // infinity poisons the group.
+                // The group's values, read once for its min and max and for its codes.
+                var vals: array<vec4<u32>, 8>;
                 var lo = kv_total_key(0x7f800000u);
                 var hi = kv_total_key(0xff800000u);
                 var finite = true;
-                for (var i = 0u; i < 32u; i += 4u) {
-                    let q = src_quad(g0 + i);
+                for (var i = 0u; i < 8u; i++) {
+                    let q = src_quad(g0 + 4u * i);
+                    vals[i] = q;
                     finite = finite && all((q & vec4<u32>(0x7fffffffu)) < vec4<u32>(0x7f800000u));
                     let k = vec4<u32>(
                         kv_total_key(q.x),
@@ -308,15 +311,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     p = kv_int4_params(kv_total_unkey(lo), kv_total_unkey(hi));
                 }
                 pool_words[scale_dst + g] = p.x | (p.y << 16u);
+                // Word w holds values 8w .. 8w + 7 (quads 2w and 2w + 1), low nibble first.
                 var v = vec4<u32>(0u);
                 for (var w = 0u; w < 4u; w++) {
                     var word = 0u;
-                    for (var j = 0u; j < 8u; j += 4u) {
-                        let q = src_quad(g0 + 8u * w + j);
-                        word |= kv_encode_int4(q.x, p.z, p.w) << (4u * j);
-                        word |= kv_encode_int4(q.y, p.z, p.w) << (4u * j + 4u);
-                        word |= kv_encode_int4(q.z, p.z, p.w) << (4u * j + 8u);
-                        word |= kv_encode_int4(q.w, p.z, p.w) << (4u * j + 12u);
+                    for (var h = 0u; h < 2u; h++) {
+                        let q = vals[2u * w + h];
+                        let sh = 16u * h;
+                        word |= kv_encode_int4(q.x, p.z, p.w) << sh;
+                        word |= kv_encode_int4(q.y, p.z, p.w) << (sh + 4u);
+                        word |= kv_encode_int4(q.z, p.z, p.w) << (sh + 8u);
+                        word |= kv_encode_int4(q.w, p.z, p.w) << (sh + 12u);
                     }
                     v[w] = word;
                 }
