@@ -123,38 +123,33 @@ fn f16_requiet2(w: u32) -> u32 {
     return w | select(0u, 0x0200u, nan.x) | select(0u, 0x02000000u, nan.y);
 }
 
+// f32 bits -> the 16-bit storage format's bits (f16 or bf16).
+fn half_bits(bits: u32) -> u32 {
+    if DST_DTYPE == KV_BF16 {
+        return kv_f32_bits_to_bf16(bits);
+    }
+    return kv_f32_bits_to_f16(bits);
+}
+
 // Words 4c .. 4c + 3 of an unscaled row (f32, f16, bf16) whose first source element is `e0`;
 // words past the row's end hold whatever the source has there (the caller drops them).
 fn encode_chunk(e0: u32, c: u32) -> vec4<u32> {
-    switch DST_DTYPE {
-        case KV_F16: {
-            if SRC_F16 {
-                let w = src_word4(e0 / 2u + 4u * c);
-                return vec4<u32>(f16_requiet2(w.x), f16_requiet2(w.y), f16_requiet2(w.z), f16_requiet2(w.w));
-            }
-            let a = src_quad(e0 + 8u * c);
-            let b = src_quad(e0 + 8u * c + 4u);
-            return vec4<u32>(
-                kv_f32_bits_to_f16(a.x) | (kv_f32_bits_to_f16(a.y) << 16u),
-                kv_f32_bits_to_f16(a.z) | (kv_f32_bits_to_f16(a.w) << 16u),
-                kv_f32_bits_to_f16(b.x) | (kv_f32_bits_to_f16(b.y) << 16u),
-                kv_f32_bits_to_f16(b.z) | (kv_f32_bits_to_f16(b.w) << 16u),
-            );
-        }
-        case KV_BF16: {
-            let a = src_quad(e0 + 8u * c);
-            let b = src_quad(e0 + 8u * c + 4u);
-            return vec4<u32>(
-                kv_f32_bits_to_bf16(a.x) | (kv_f32_bits_to_bf16(a.y) << 16u),
-                kv_f32_bits_to_bf16(a.z) | (kv_f32_bits_to_bf16(a.w) << 16u),
-                kv_f32_bits_to_bf16(b.x) | (kv_f32_bits_to_bf16(b.y) << 16u),
-                kv_f32_bits_to_bf16(b.z) | (kv_f32_bits_to_bf16(b.w) << 16u),
-            );
-        }
-        default: {
-            return src_quad(e0 + 4u * c);
-        }
+    if DST_DTYPE == KV_F32 {
+        return src_quad(e0 + 4u * c);
     }
+    if DST_DTYPE == KV_F16 && SRC_F16 {
+        let w = src_word4(e0 / 2u + 4u * c);
+        return vec4<u32>(f16_requiet2(w.x), f16_requiet2(w.y), f16_requiet2(w.z), f16_requiet2(w.w));
+    }
+    // Two values a word, element 2i in the low half.
+    let a = src_quad(e0 + 8u * c);
+    let b = src_quad(e0 + 8u * c + 4u);
+    return vec4<u32>(
+        half_bits(a.x) | (half_bits(a.y) << 16u),
+        half_bits(a.z) | (half_bits(a.w) << 16u),
+        half_bits(b.x) | (half_bits(b.y) << 16u),
+        half_bits(b.z) | (half_bits(b.w) << 16u),
+    );
 }
 
 // Code of one value in an 8-bit format (low 8 bits), `inv` the f32 bits of the reciprocal scale.
