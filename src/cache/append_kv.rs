@@ -90,7 +90,8 @@ fn source_vec4(head_dim: usize, src: SourceDtype) -> bool {
 
 /// Smallest row list in bytes: the list stands in for the kernel's 16-byte view of the source
 /// where the source is not read through it (see [`bindings`]). [`Context::upload`] never makes
-/// a smaller buffer; [`AppendPlan`](super::append_plan::AppendPlan)'s list is sized to at least this.
+/// a smaller buffer; [`AppendPlan`](super::append_plan::AppendPlan) sizes its list to at least
+/// this.
 pub(crate) const MIN_LIST_BYTES: u64 = 16;
 
 /// The kernel's bindings, in order, writing buffer `buffer` of `pool` from `src` (`src_dtype`

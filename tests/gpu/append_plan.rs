@@ -86,6 +86,52 @@ fn io<'a>(
     }
 }
 
+/// A plan of one row from an f16 source whose rows are not whole 16-byte units (head dims 4 and
+/// 12): the kernel reads that source word by word and its 16-byte view of the source takes the
+/// plan's row list instead, which must be a 16-byte binding although one row's entry is 8 bytes.
+#[test]
+fn a_one_row_plan_over_a_word_read_source_matches_the_cpu_codec() {
+    let cfg = PagedKvConfig {
+        head_dim_v: 12,
+        block_size: 4,
+        model_id: "append-plan-one-row".into(),
+        ..PagedKvConfig::new(1, 1, 4, KvDtype::F16)
+    };
+    let ctx = own_context(None);
+    let mut cache = PagedKvCache::new(&ctx, cfg.clone(), PoolSize::Blocks(4)).unwrap();
+    cache.add_sequence(1, &[]).unwrap();
+    let src = sources(&ctx, &cfg, 1);
+    let mut plan = AppendPlan::with_capacity(&ctx, &cache, 1).unwrap();
+    let mut rng = Rng::new(12);
+    let (mut mk, mut mv) = (Vec::new(), Vec::new());
+    for step in 0..3u32 {
+        let (kw, kf) = values(&mut rng, cfg.head_dim_k, SourceDtype::F16);
+        let (vw, vf) = values(&mut rng, cfg.head_dim_v, SourceDtype::F16);
+        ctx.write_buffer(&src[0].0, 0, bytemuck::cast_slice(&kw))
+            .unwrap();
+        ctx.write_buffer(&src[0].1, 0, bytemuck::cast_slice(&vw))
+            .unwrap();
+        mk.extend(kf);
+        mv.extend(vf);
+        let mut batch = AppendBatch::new();
+        cache.append_tokens(&ctx, &mut batch, 1, &[step]).unwrap();
+        plan.update(&ctx, &cache, &batch).unwrap();
+        ctx.run_pass("one-row append plan", |pass| {
+            plan.encode(&ctx, pass, &io(&cache, 0, &src, SourceDtype::F16))
+        })
+        .unwrap();
+    }
+    let (k, v) = cache.read_rows(&ctx, 1, 0).unwrap();
+    assert_eq!(
+        k,
+        encode_rows(KvDtype::F16, 4, &mk, ScaleMode::PerRow).unwrap()
+    );
+    assert_eq!(
+        v,
+        encode_rows(KvDtype::F16, 12, &mv, ScaleMode::PerRow).unwrap()
+    );
+}
+
 #[test]
 fn append_plan_matches_write_layer_and_a_warm_step_creates_nothing() {
     let base = base_config();

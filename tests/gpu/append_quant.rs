@@ -818,7 +818,8 @@ fn edge_bits(rng: &mut Rng) -> u32 {
 }
 
 /// Pairs exercising every path: raw random bits, edge cases, products and quotients near the
-/// subnormal boundary, products by powers of two at both ends of the normal range, sums with cancellation and every exponent difference.
+/// subnormal boundary, products by powers of two at both ends of the normal range, sums with
+/// cancellation and every exponent difference.
 fn arithmetic_pairs(n: usize) -> Vec<[u32; 2]> {
     let mut rng = Rng::new(8);
     let mut out = Vec::with_capacity(n);
