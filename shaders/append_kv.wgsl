@@ -78,11 +78,15 @@ override SRC_VEC4: bool = false;
 // Per invocation, its share of its row's amax, reduced in place.
 var<workgroup> wg_amax: array<u32, WG>;
 
+// f32 bits of the two f16 values of word `w`, element 2i in the low half.
+fn f16_word_bits(w: u32) -> vec2<u32> {
+    return vec2<u32>(kv_f16_to_f32_bits(w & 0xffffu), kv_f16_to_f32_bits(w >> 16u));
+}
+
 // f32 bits of elements e and e + 1 of the source (e even: one word of an f16 source).
 fn src_pair(e: u32) -> vec2<u32> {
     if SRC_F16 {
-        let w = src[e / 2u];
-        return vec2<u32>(kv_f16_to_f32_bits(w & 0xffffu), kv_f16_to_f32_bits(w >> 16u));
+        return f16_word_bits(src[e / 2u]);
     }
     return vec2<u32>(src[e], src[e + 1u]);
 }
@@ -94,12 +98,7 @@ fn src_quad(e: u32) -> vec4<u32> {
         if SRC_F16 {
             let u = src4[e / 8u];
             let w = select(u.xy, u.zw, (e & 4u) != 0u);
-            return vec4<u32>(
-                kv_f16_to_f32_bits(w.x & 0xffffu),
-                kv_f16_to_f32_bits(w.x >> 16u),
-                kv_f16_to_f32_bits(w.y & 0xffffu),
-                kv_f16_to_f32_bits(w.y >> 16u),
-            );
+            return vec4<u32>(f16_word_bits(w.x), f16_word_bits(w.y));
         }
         return src4[e / 4u];
     }
@@ -187,17 +186,15 @@ fn amax_of(bits: u32) -> u32 {
     return select(0u, a, a < 0x7f800000u);
 }
 
-// The row's values of chunk c (16 values of an 8-bit row, fewer past DIM): their amax.
+// The row's values of chunk c (16 values of an 8-bit row, fewer past DIM, a multiple of 4 as
+// every head dim is): their amax.
 fn chunk_amax(e0: u32, c: u32) -> u32 {
     var m = 0u;
     for (var i = 0u; i < 16u; i += 4u) {
         let e = 16u * c + i;
         if e < DIM {
             let q = src_quad(e0 + e);
-            m = max(m, max(amax_of(q.x), amax_of(q.y)));
-            if e + 2u < DIM {
-                m = max(m, max(amax_of(q.z), amax_of(q.w)));
-            }
+            m = max(m, max(max(amax_of(q.x), amax_of(q.y)), max(amax_of(q.z), amax_of(q.w))));
         }
     }
     return m;
@@ -281,9 +278,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             // One chunk per group of 32 values: 4 value words and 1 scale word.
             for (var g = lane; g < chunks; g += LANES) {
                 let g0 = e0 + 32u * g;
-                // Min and max by total order (-0 < +0), as Int4Params::for_group; a NaN or an
-                // infinity poisons the group.
-                // The group's values, read once for its min and max and for its codes.
+                // The group's values, read once for its min and max and for its codes. Min and
+                // max by total order (-0 < +0), as Int4Params::for_group; a NaN or an infinity
+                // poisons the group.
                 var vals: array<vec4<u32>, 8>;
                 var lo = kv_total_key(0x7f800000u);
                 var hi = kv_total_key(0xff800000u);
