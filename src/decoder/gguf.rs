@@ -1,5 +1,5 @@
-//! GGUF reader: header, metadata, tensor table and dequantization to f32, plus the Llama
-//! hyper-parameters a decoder needs ([`LlamaHyper`]).
+//! GGUF reader: header, metadata, tensor table and dequantization to f32 ([`super::blocks`]),
+//! plus the Llama hyper-parameters a decoder needs ([`LlamaHyper`]).
 //!
 //! GGUF (llama.cpp's model format) is little-endian: a header (`"GGUF"`, version, tensor count,
 //! metadata count), the metadata key/value pairs, the tensor infos (name, dims, ggml type, offset
@@ -30,8 +30,7 @@ use std::fmt;
 use std::ops::Range;
 use std::path::Path;
 
-use half::{bf16, f16};
-
+pub use super::blocks::{dequantize, dequantize_into};
 use crate::{Error, Result};
 
 /// The four bytes every GGUF file starts with.
@@ -569,12 +568,10 @@ impl GgmlType {
         }
     }
 
-    /// Whether [`dequantize`] supports this type: F32, F16, BF16, Q8_0, Q4_0 and Q4_1.
+    /// Whether [`dequantize`] supports this type (one of [`super::blocks::SUPPORTED`]: F32,
+    /// F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
     pub fn can_dequantize(self) -> bool {
-        matches!(
-            self,
-            Self::F32 | Self::F16 | Self::BF16 | Self::Q8_0 | Self::Q4_0 | Self::Q4_1
-        )
+        super::blocks::SUPPORTED.contains(&self)
     }
 
     /// Bytes that `n_elements` elements take, or an error when `n_elements` is not a whole
@@ -1218,87 +1215,6 @@ fn strip(e: Error) -> String {
     }
 }
 
-fn f16_at(b: &[u8]) -> f32 {
-    f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
-}
-
-/// Dequantizes `n` elements of type `ty` from `data` (exactly the bytes `n` elements take).
-///
-/// Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1 (see [`GgmlType::can_dequantize`]); other types
-/// give an error naming the type.
-pub fn dequantize(ty: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>> {
-    let mut out = vec![0f32; n];
-    dequantize_into(ty, data, &mut out)?;
-    Ok(out)
-}
-
-/// [`dequantize`] into a caller's buffer: `out.len()` elements from `data`.
-pub fn dequantize_into(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
-    if !ty.can_dequantize() {
-        return Err(gguf_err(format!(
-            "dequantizing ggml type {ty} (id {}) is not supported (supported: F32, F16, BF16, Q8_0, \
-             Q4_0, Q4_1)",
-            ty.id()
-        )));
-    }
-    let need = ty.bytes_for(out.len() as u64)?;
-    if data.len() as u64 != need {
-        return Err(gguf_err(format!(
-            "{} elements of {ty} need {need} bytes, got {}",
-            out.len(),
-            data.len()
-        )));
-    }
-    match ty {
-        GgmlType::F32 => {
-            for (o, b) in out.iter_mut().zip(data.chunks_exact(4)) {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-        }
-        GgmlType::F16 => {
-            for (o, b) in out.iter_mut().zip(data.chunks_exact(2)) {
-                *o = f16_at(b);
-            }
-        }
-        GgmlType::BF16 => {
-            for (o, b) in out.iter_mut().zip(data.chunks_exact(2)) {
-                *o = bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
-            }
-        }
-        GgmlType::Q8_0 => {
-            for (o, b) in out.chunks_exact_mut(32).zip(data.chunks_exact(34)) {
-                let d = f16_at(&b[0..2]);
-                for (y, &q) in o.iter_mut().zip(&b[2..34]) {
-                    *y = (q as i8) as f32 * d;
-                }
-            }
-        }
-        GgmlType::Q4_0 => {
-            for (o, b) in out.chunks_exact_mut(32).zip(data.chunks_exact(18)) {
-                let d = f16_at(&b[0..2]);
-                let (lo, hi) = o.split_at_mut(16);
-                for (j, &q) in b[2..18].iter().enumerate() {
-                    lo[j] = ((q & 0x0F) as i32 - 8) as f32 * d;
-                    hi[j] = ((q >> 4) as i32 - 8) as f32 * d;
-                }
-            }
-        }
-        GgmlType::Q4_1 => {
-            for (o, b) in out.chunks_exact_mut(32).zip(data.chunks_exact(20)) {
-                let d = f16_at(&b[0..2]);
-                let m = f16_at(&b[2..4]);
-                let (lo, hi) = o.split_at_mut(16);
-                for (j, &q) in b[4..20].iter().enumerate() {
-                    lo[j] = (q & 0x0F) as f32 * d + m;
-                    hi[j] = (q >> 4) as f32 * d + m;
-                }
-            }
-        }
-        _ => unreachable!("checked by can_dequantize"),
-    }
-    Ok(())
-}
-
 /// Architectures whose GGUF keys and tensors follow the Llama layout (`{arch}.block_count`, ...).
 pub const LLAMA_ARCHITECTURES: &[&str] = &["llama"];
 
@@ -1510,6 +1426,7 @@ impl LlamaHyper {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use half::{bf16, f16};
 
     /// A minimal GGUF writer for tests.
     #[derive(Default)]
@@ -1828,11 +1745,11 @@ pub(crate) mod tests {
     #[test]
     fn unsupported_type_is_named() {
         let mut w = Writer::new();
-        w.tensor("k", &[256], GgmlType::Q4_K, vec![0; 144]);
+        w.tensor("k", &[256], GgmlType::Q2_K, vec![0; 84]);
         let f = GgufFile::parse(w.build()).unwrap();
-        assert_eq!(f.tensor("k").unwrap().ggml_type, GgmlType::Q4_K);
+        assert_eq!(f.tensor("k").unwrap().ggml_type, GgmlType::Q2_K);
         let e = f.tensor_f32("k").unwrap_err().to_string();
-        assert!(e.contains("Q4_K") && e.contains("not supported"), "{e}");
+        assert!(e.contains("Q2_K") && e.contains("not supported"), "{e}");
         // An id ggml does not define.
         let mut w = Writer::new();
         w.tensors.push(("x".into(), vec![4], 4, vec![0; 16]));
