@@ -29,6 +29,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 
 pub use super::blocks::{dequantize, dequantize_into};
 use crate::{Error, Result};
@@ -634,7 +635,7 @@ impl TensorInfo {
 /// A parsed GGUF file held in memory: metadata, tensor table and the raw bytes.
 #[derive(Clone)]
 pub struct GgufFile {
-    bytes: Vec<u8>,
+    bytes: FileBytes,
     version: u32,
     metadata: Vec<(String, Value)>,
     key_index: HashMap<String, usize>,
@@ -654,6 +655,25 @@ impl fmt::Debug for GgufFile {
             .field("alignment", &self.alignment)
             .field("data_offset", &self.data_offset)
             .finish()
+    }
+}
+
+/// Where a file's bytes live: mapped from disk ([`GgufFile::open`]) or in memory
+/// ([`GgufFile::parse`]); shared by clones.
+#[derive(Clone)]
+enum FileBytes {
+    Owned(Arc<Vec<u8>>),
+    Mapped(Arc<memmap2::Mmap>),
+}
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Owned(v) => v,
+            Self::Mapped(m) => m,
+        }
     }
 }
 
@@ -800,18 +820,33 @@ fn align_up(x: u64, align: u64) -> Option<u64> {
 }
 
 impl GgufFile {
-    /// Reads and parses the file at `path` (the whole file is read into memory).
+    /// Maps the file at `path` into memory and parses its header, metadata and tensor table.
+    /// The tensor data is not read here: the operating system reads a tensor's pages when the
+    /// tensor is used ([`GgufFile::tensor_data`]), so opening a file costs its header, not its
+    /// size, and memory holds only what was touched.
+    ///
+    /// The file must not be modified or truncated while the returned value lives (the usual
+    /// contract of a memory-mapped file; model files are written once).
     ///
     /// # Errors
     /// [`Error::Io`] (naming `path`, with the I/O error as its source) when the file cannot be
-    /// read; [`Error::Gguf`] (naming `path`) when it is not a valid GGUF file.
+    /// opened or mapped; [`Error::Gguf`] (naming `path`) when it is not a valid GGUF file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        let io = |source| Error::Io {
             what: format!("GGUF: cannot read {}", path.display()),
             source,
-        })?;
-        Self::parse(bytes).map_err(|e| match e {
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let bytes = if len == 0 {
+            FileBytes::Owned(Arc::new(Vec::new()))
+        } else {
+            // SAFETY: the mapping is read-only and private to this value; the documented
+            // contract is that the file is not modified while it is mapped.
+            FileBytes::Mapped(Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?))
+        };
+        Self::parse_bytes(bytes).map_err(|e| match e {
             Error::Gguf(m) => gguf_err(format!("{}: {m}", path.display())),
             other => other,
         })
@@ -821,6 +856,10 @@ impl GgufFile {
     /// tensor table (dims, types, offsets and sizes inside the data section, unique names) and
     /// the alignment.
     pub fn parse(bytes: Vec<u8>) -> Result<Self> {
+        Self::parse_bytes(FileBytes::Owned(Arc::new(bytes)))
+    }
+
+    fn parse_bytes(bytes: FileBytes) -> Result<Self> {
         let mut c = Cursor {
             buf: &bytes,
             pos: 0,
@@ -1418,6 +1457,15 @@ impl LlamaHyper {
                     t.dims
                 )));
             }
+            if !t.ggml_type.can_dequantize() {
+                return Err(gguf_err(format!(
+                    "tensor {name} is of ggml type {} (id {}), which kvattn does not read \
+                     (it reads {})",
+                    t.ggml_type,
+                    t.ggml_type.id(),
+                    super::blocks::SUPPORTED.map(GgmlType::name).join(", ")
+                )));
+            }
         }
         Ok(())
     }
@@ -1757,6 +1805,39 @@ pub(crate) mod tests {
         assert!(e.contains("unknown ggml type id 4"), "{e}");
     }
 
+    /// A file on disk is mapped, and reads as the same bytes parsed from memory; a file cut
+    /// short on disk (or empty) is refused with an error naming the path.
+    #[test]
+    fn an_opened_file_is_mapped_and_checked_like_a_parsed_one() {
+        let dir = std::env::temp_dir().join(format!("kvattn-gguf-map-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bytes = all_types_file();
+        let path = dir.join("all.gguf");
+        std::fs::write(&path, &bytes).unwrap();
+        let mapped = GgufFile::open(&path).unwrap();
+        assert!(matches!(mapped.bytes, FileBytes::Mapped(_)));
+        let parsed = GgufFile::parse(bytes.clone()).unwrap();
+        assert_eq!(mapped.file_len(), bytes.len() as u64);
+        assert_eq!(mapped.tensors(), parsed.tensors());
+        for t in parsed.tensors() {
+            assert_eq!(
+                mapped.tensor_data(&t.name).unwrap(),
+                parsed.tensor_data(&t.name).unwrap()
+            );
+        }
+        // A clone shares the mapping.
+        let clone = mapped.clone();
+        drop(mapped);
+        assert_eq!(clone.metadata(), parsed.metadata());
+        for (name, len) in [("cut.gguf", bytes.len() - 1), ("empty.gguf", 0)] {
+            let cut = dir.join(name);
+            std::fs::write(&cut, &bytes[..len]).unwrap();
+            let e = GgufFile::open(&cut).unwrap_err().to_string();
+            assert!(e.contains(&cut.display().to_string()), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn truncation_at_every_byte_is_an_error() {
         let bytes = all_types_file();
@@ -1898,6 +1979,29 @@ pub(crate) mod tests {
             .unwrap_err()
             .to_string()
             .contains("token_embd.weight"));
+        // Every tensor present: accepted; one of a type kvattn does not read: refused, named.
+        let with_tensors = |odd: Option<&str>| {
+            let bytes = llama_file(|w| {
+                for (name, dims) in h.expected_tensors() {
+                    let n = dims.iter().product::<u64>() as usize;
+                    if odd == Some(name.as_str()) {
+                        w.tensor(&name, &dims, GgmlType::IQ4_NL, vec![0; n / 32 * 18]);
+                    } else {
+                        w.tensor(&name, &dims, GgmlType::F32, vec![0; n * 4]);
+                    }
+                }
+            });
+            GgufFile::parse(bytes).unwrap()
+        };
+        h.check_tensors(&with_tensors(None)).unwrap();
+        let e = h
+            .check_tensors(&with_tensors(Some("blk.1.ffn_up.weight")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("blk.1.ffn_up.weight") && e.contains("IQ4_NL"),
+            "{e}"
+        );
         let bad = |extra: fn(&mut Writer), what: &str| {
             let f = GgufFile::parse(llama_file(extra)).unwrap();
             let e = LlamaHyper::from_gguf(&f).unwrap_err().to_string();
