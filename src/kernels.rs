@@ -21,12 +21,12 @@ pub fn layout_of<T: WgslStruct>() -> StructLayout {
 }
 
 /// Whether the enabled features build `kernel`: the decoder's kernels ([`Kernel::RmsNorm`],
-/// [`Kernel::Swiglu`], [`Kernel::Add`], [`Kernel::Embed`]) need the `decoder` feature, the
+/// [`Kernel::Swiglu`], [`Kernel::Add`], [`Kernel::Embed`], [`Kernel::QMatmul`]) need the `decoder` feature, the
 /// ceilings' kernels ([`Kernel::Bandwidth`], [`Kernel::FmaRate`]) the `bench` feature.
 pub fn is_built(kernel: Kernel) -> bool {
     let decoder = matches!(
         kernel,
-        Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed
+        Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed | Kernel::QMatmul
     );
     let bench = matches!(kernel, Kernel::Bandwidth | Kernel::FmaRate);
     (!decoder || cfg!(feature = "decoder")) && (!bench || cfg!(feature = "bench"))
@@ -64,8 +64,12 @@ pub fn param_structs(kernel: Kernel) -> Vec<StructLayout> {
         Kernel::Add => vec![layout_of::<decoder::ops::add::AddParams>()],
         #[cfg(feature = "decoder")]
         Kernel::Embed => vec![layout_of::<decoder::ops::embed::EmbedParams>()],
+        #[cfg(feature = "decoder")]
+        Kernel::QMatmul => vec![layout_of::<decoder::ops::qmatmul::QMatmulParams>()],
         #[cfg(not(feature = "decoder"))]
-        Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed => Vec::new(),
+        Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed | Kernel::QMatmul => {
+            Vec::new()
+        }
         #[cfg(feature = "bench")]
         Kernel::Bandwidth => vec![layout_of::<bench::bandwidth::BandwidthParams>()],
         #[cfg(feature = "bench")]
@@ -106,8 +110,12 @@ pub fn kernel_constants(kernel: Kernel, precision: Precision) -> Vec<Constants> 
         Kernel::Add => decoder::ops::add::representative_constants(),
         #[cfg(feature = "decoder")]
         Kernel::Embed => decoder::ops::embed::representative_constants(),
+        #[cfg(feature = "decoder")]
+        Kernel::QMatmul => decoder::ops::qmatmul::representative_constants(),
         #[cfg(not(feature = "decoder"))]
-        Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed => Vec::new(),
+        Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed | Kernel::QMatmul => {
+            Vec::new()
+        }
         #[cfg(feature = "bench")]
         Kernel::Bandwidth => bench::bandwidth::representative_constants(),
         #[cfg(feature = "bench")]

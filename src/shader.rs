@@ -93,6 +93,8 @@ pub enum Kernel {
     Add,
     /// Token-embedding gather (`shaders/embed.wgsl`).
     Embed,
+    /// Matrix product over weights in a GGUF block format (`shaders/qmatmul.wgsl`).
+    QMatmul,
     /// The copy kernel measuring memory bandwidth (`shaders/bandwidth.wgsl`).
     Bandwidth,
     /// Independent FMA chains measuring the arithmetic rate (`shaders/fma_rate.wgsl`).
@@ -104,7 +106,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel family.
-    pub const ALL: [Kernel; 17] = [
+    pub const ALL: [Kernel; 18] = [
         Kernel::Paged,
         Kernel::PagedLanes,
         Kernel::Merge,
@@ -119,6 +121,7 @@ impl Kernel {
         Kernel::Swiglu,
         Kernel::Add,
         Kernel::Embed,
+        Kernel::QMatmul,
         Kernel::Bandwidth,
         Kernel::FmaRate,
         Kernel::F16Check,
@@ -141,6 +144,7 @@ impl Kernel {
             Kernel::Swiglu => "swiglu",
             Kernel::Add => "add",
             Kernel::Embed => "embed",
+            Kernel::QMatmul => "qmatmul",
             Kernel::Bandwidth => "bandwidth",
             Kernel::FmaRate => "fma_rate",
             Kernel::F16Check => "f16_check",
@@ -164,6 +168,7 @@ impl Kernel {
             Kernel::Swiglu => include_str!("../shaders/swiglu.wgsl"),
             Kernel::Add => include_str!("../shaders/add.wgsl"),
             Kernel::Embed => include_str!("../shaders/embed.wgsl"),
+            Kernel::QMatmul => include_str!("../shaders/qmatmul.wgsl"),
             Kernel::Bandwidth => include_str!("../shaders/bandwidth.wgsl"),
             Kernel::FmaRate => include_str!("../shaders/fma_rate.wgsl"),
             Kernel::F16Check => include_str!("../shaders/f16_check.wgsl"),
@@ -181,6 +186,7 @@ impl Kernel {
             ],
             Kernel::Merge | Kernel::MergeStates => &[LIB_SOFTMAX],
             Kernel::Dequant => &[LIB_KV_FORMAT, LIB_KV_LOAD],
+            Kernel::QMatmul => &[LIB_KV_FORMAT],
             Kernel::AppendKv => &[LIB_KV_FORMAT, LIB_KV_STORE],
             Kernel::CopyBlocks => &[],
             Kernel::Rope => &[],
@@ -213,6 +219,7 @@ impl Kernel {
             | Kernel::Swiglu
             | Kernel::Add
             | Kernel::Embed
+            | Kernel::QMatmul
             | Kernel::Bandwidth
             | Kernel::F16Check => &[Precision::F32],
         }

@@ -10,6 +10,8 @@ pub mod attention;
 pub mod llama;
 pub mod mla;
 pub mod ops;
+#[cfg(feature = "decoder")]
+pub mod qmatmul;
 pub mod rope;
 
 pub use attention::{attention, AttentionOutput};

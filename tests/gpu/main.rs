@@ -24,6 +24,8 @@ mod nan_semantics;
 mod paged;
 mod paged_attention;
 mod plan_lifetime;
+#[cfg(feature = "decoder")]
+mod qmatmul;
 mod rope;
 #[cfg(feature = "serve")]
 mod serve;

@@ -5,7 +5,8 @@
 //! - [`rms_norm::rms_norm`]: Llama RMSNorm, one workgroup per row, batch-invariant;
 //! - [`swiglu::swiglu`]: `silu(gate) * up`, overflow-safe;
 //! - [`add::add_in_place`]: `x += y`, the residual connection;
-//! - [`embed::embed`]: the token-embedding gather, with [`embed::embed_host_check`] for ids.
+//! - [`embed::embed`]: the token-embedding gather, with [`embed::embed_host_check`] for ids;
+//! - [`qmatmul::qmatmul`]: the matrix product over weights in their GGUF block format.
 //!
 //! Each kernel is one `.rs` here and one `.wgsl` of the same name in `shaders/`; its CPU
 //! reference is in [`crate::reference::ops`]. Every entry point checks all of its arguments
@@ -33,6 +34,7 @@ use crate::Result;
 
 pub mod add;
 pub mod embed;
+pub mod qmatmul;
 pub mod rms_norm;
 pub mod swiglu;
 

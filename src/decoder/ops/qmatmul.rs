@@ -1,0 +1,442 @@
+//! The matrix product over weights kept in their GGUF block format (`shaders/qmatmul.wgsl`):
+//! `y[y_row + t, o] = sum_i W[o, i] x[x_row + t, i]` for `t < rows`, `W` being `n` rows of `k`
+//! values of one of the types [`crate::decoder::blocks`] reads (F32, F16, BF16, Q4_0, Q4_1,
+//! Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K). Its CPU reference is [`crate::reference::qmatmul`].
+//!
+//! **Weights on the GPU** ([`QWeight`]) are the file's bytes: blocks whose size is not a whole
+//! number of words (Q4_0 18 bytes, Q5_0 22, Q8_0 34, Q6_K 210) get two bytes of padding, after
+//! the leading f16 scale (so that the codes start on a word) or, for Q6_K, at the end. At most
+//! 11% more than the file (Q4_0). A weight larger than one storage binding is split by rows
+//! into several buffers, each dispatched on its own.
+//!
+//! **One kernel for decode and prefill.** A workgroup computes 4 rows of `W` for up to 8 rows
+//! of `x`: 16 lanes split a row of `W` into chunks of 32 values (lane `l` the chunks
+//! `l, l + 16, ...`), each decodes its chunk once and applies it to every row of `x`, and the
+//! lanes' partial sums are added by a fixed tree. The number of `x` rows per workgroup (1, 2, 4
+//! or 8, from `rows`) changes how often a weight is read, never the order of any sum: a row's
+//! result is bit-identical whatever the batch (tested), and every value of `W` is decoded
+//! exactly as the CPU does (each is an exact product in f32, so fused or not it is the same).
+
+use crate::decoder::gguf::GgmlType;
+use crate::decoder::ops::{check_distinct, PreparedOp};
+use crate::gpu::dispatch::{bind, binding_limit, check_positive, max_bound_elems, mul};
+use crate::gpu::{check_storage, Context};
+use crate::pipeline::PipelineKey;
+use crate::shader::{Kernel, Precision, ShaderVariant};
+use crate::{Error, Result};
+
+pub use crate::reference::qmatmul::{CHUNK, LANES};
+
+/// Rows of `W` per workgroup (the kernel's `NCOL`).
+pub const ROWS_OF_W: usize = 4;
+/// Most rows of `x` per workgroup (the kernel's largest `ROWS`).
+pub const MAX_X_ROWS: usize = 8;
+
+crate::wgsl_struct! {
+    /// Mirror of the WGSL `QMatmulParams` uniform (one per dispatch).
+    pub struct QMatmulParams {
+        /// Rows of x (and y) in this dispatch.
+        pub rows: u32,
+        /// Values per row of W and x.
+        pub k: u32,
+        /// Rows of W bound in this dispatch.
+        pub n: u32,
+        /// Column of y written by row 0 of the bound W.
+        pub n_base: u32,
+        /// Values per row of y.
+        pub y_stride: u32,
+        /// Index of the dispatch's first x value inside the x binding.
+        pub x_base: u32,
+        /// Index of the dispatch's first y row inside the y binding.
+        pub y_base: u32,
+        /// Padding.
+        pub _pad0: u32,
+    }
+}
+
+/// How a type's rows are stored on the GPU: words per row of `k` values.
+fn row_words(ty: GgmlType, k: usize) -> Option<usize> {
+    Some(match ty {
+        GgmlType::F32 => k,
+        GgmlType::F16 | GgmlType::BF16 => k / 2,
+        _ => k / ty.block_size() as usize * block_words(ty)?,
+    })
+}
+
+/// Words of one block on the GPU (with its padding); `None` for a type the kernel does not read.
+fn block_words(ty: GgmlType) -> Option<usize> {
+    Some(match ty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 => 5,
+        GgmlType::Q5_0 | GgmlType::Q5_1 => 6,
+        GgmlType::Q8_0 => 9,
+        GgmlType::Q4_K => 36,
+        GgmlType::Q5_K => 44,
+        GgmlType::Q6_K => 53,
+        _ => return None,
+    })
+}
+
+/// The GPU words of whole rows of `ty` stored as the file stores them (`bytes`, a whole
+/// number of rows of `k` values): blocks padded as the module docs say.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when the kernel does not read `ty`, `k` is not a positive
+/// multiple of 32, or `bytes` is not a whole number of rows.
+pub fn pack_rows(ty: GgmlType, k: usize, bytes: &[u8]) -> Result<Vec<u32>> {
+    let words = check_type(ty, k)?;
+    let row_bytes = ty.bytes_for(k as u64)? as usize;
+    if bytes.len() % row_bytes != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "qmatmul weight: {} bytes are not whole rows of {k} {ty} values ({row_bytes} bytes \
+             each)",
+            bytes.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(bytes.len() / row_bytes * words);
+    let push = |out: &mut Vec<u32>, b: &[u8]| {
+        out.extend(
+            b.chunks_exact(4)
+                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+        )
+    };
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
+            // The f16 scale, two bytes of padding, the rest of the block.
+            for block in bytes.chunks_exact(ty.block_bytes() as usize) {
+                out.push(u32::from(u16::from_le_bytes([block[0], block[1]])));
+                push(&mut out, &block[2..]);
+            }
+        }
+        GgmlType::Q6_K => {
+            for block in bytes.chunks_exact(210) {
+                push(&mut out, &block[..208]);
+                out.push(u32::from(u16::from_le_bytes([block[208], block[209]])));
+            }
+        }
+        _ => push(&mut out, bytes),
+    }
+    Ok(out)
+}
+
+/// Words per row, or the error naming why the kernel cannot take `ty` rows of `k` values.
+fn check_type(ty: GgmlType, k: usize) -> Result<usize> {
+    if k == 0 || k % CHUNK != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "qmatmul: rows of {k} values; the kernel needs a positive multiple of {CHUNK}"
+        )));
+    }
+    let bs = ty.block_size() as usize;
+    row_words(ty, k).filter(|_| k % bs == 0).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "qmatmul: weights of ggml type {ty} (id {}) with rows of {k} values are not \
+                 supported (types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, \
+                 Q6_K; rows a multiple of the block size)",
+            ty.id()
+        ))
+    })
+}
+
+/// A weight resident on the GPU in its block format: `n` rows of `k` values of type `ty`, in
+/// one buffer per part of whole rows (several when it exceeds one storage binding).
+#[derive(Debug)]
+pub struct QWeight {
+    ty: GgmlType,
+    n: usize,
+    k: usize,
+    /// (buffer, first row, rows).
+    parts: Vec<(wgpu::Buffer, usize, usize)>,
+    bytes: u64,
+}
+
+impl QWeight {
+    /// Uploads `n` rows of `k` values of type `ty` from their file bytes (`data`, exactly the
+    /// rows' bytes), split into parts of whole rows that each fit a storage binding and the
+    /// workgroup grid.
+    ///
+    /// # Errors
+    /// Those of [`pack_rows`]; [`Error::ShapeMismatch`] when `data` is not `n` rows (in bytes);
+    /// [`Error::TooLarge`] when one row exceeds a storage binding; [`Error::Wgpu`] from wgpu.
+    pub fn upload(
+        ctx: &Context,
+        label: &str,
+        ty: GgmlType,
+        (n, k): (usize, usize),
+        data: &[u8],
+    ) -> Result<Self> {
+        check_positive("qmatmul weight", &[("n", n), ("k", k)])?;
+        let words = check_type(ty, k)?;
+        let row_bytes = ty.bytes_for(k as u64)? as usize;
+        let want = mul("qmatmul weight bytes", n, row_bytes)?;
+        if data.len() != want {
+            return Err(Error::ShapeMismatch {
+                what: "qmatmul weight bytes (n rows of k values)",
+                expected: want,
+                got: data.len(),
+            });
+        }
+        let limit = binding_limit(ctx);
+        let per_part = (limit / (words as u64 * 4)) as usize;
+        if per_part == 0 {
+            return Err(Error::TooLarge {
+                what: format!("one row of qmatmul weight {label}"),
+                bytes: words as u64 * 4,
+                limit,
+            });
+        }
+        let max_groups = ctx.caps().max_compute_workgroups_per_dimension as usize;
+        let per_part = per_part.min(max_groups * ROWS_OF_W);
+        let mut parts = Vec::new();
+        let mut bytes = 0;
+        let mut r0 = 0;
+        while r0 < n {
+            let rows = per_part.min(n - r0);
+            let packed = pack_rows(ty, k, &data[r0 * row_bytes..(r0 + rows) * row_bytes])?;
+            bytes += packed.len() as u64 * 4;
+            parts.push((ctx.upload(label, &packed)?, r0, rows));
+            r0 += rows;
+        }
+        Ok(Self {
+            ty,
+            n,
+            k,
+            parts,
+            bytes,
+        })
+    }
+
+    /// The ggml type.
+    pub fn ggml_type(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Rows (outputs) and values per row (inputs).
+    pub fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// Bytes the weight takes on the GPU.
+    pub fn gpu_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Buffers it is split into.
+    pub fn num_parts(&self) -> usize {
+        self.parts.len()
+    }
+}
+
+/// One product: `y[y_row + t, :] = W x[x_row + t, :]` for `t < rows`.
+#[derive(Debug, Clone, Copy)]
+pub struct QMatmulArgs<'a> {
+    /// The input, `[.., k]` f32 rows.
+    pub x: &'a wgpu::Buffer,
+    /// First row of `x` read.
+    pub x_row: usize,
+    /// Rows to multiply.
+    pub rows: usize,
+    /// The weight.
+    pub w: &'a QWeight,
+    /// The output, `[.., n]` f32 rows (a buffer other than `x`); only the product's rows
+    /// change.
+    pub y: &'a wgpu::Buffer,
+    /// First row of `y` written.
+    pub y_row: usize,
+}
+
+/// Rows of x per workgroup for a product of `rows` rows (bits do not depend on it).
+fn x_rows_per_group(rows: usize) -> usize {
+    match rows {
+        1 => 1,
+        2 => 2,
+        3..=4 => 4,
+        _ => MAX_X_ROWS,
+    }
+}
+
+fn constants(ty: GgmlType, x_rows: usize) -> Vec<(&'static str, f64)> {
+    let (words, chunks) = match block_words(ty) {
+        Some(w) => (w, ty.block_size() as usize / CHUNK),
+        None => (1, 1),
+    };
+    vec![
+        ("FORMAT", f64::from(ty.id())),
+        ("BLOCK_WORDS", words as f64),
+        ("BLOCK_CHUNKS", chunks as f64),
+        ("ROWS", x_rows as f64),
+    ]
+}
+
+/// Override constants for the naga tests: every type, one and eight rows of x.
+pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
+    crate::decoder::blocks::SUPPORTED
+        .iter()
+        .flat_map(|&ty| [constants(ty, 1), constants(ty, MAX_X_ROWS)])
+        .collect()
+}
+
+/// Checks `args` and prepares the product: one dispatch per part of the weight and per slice
+/// of rows that fits a storage binding and the workgroup grid.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when `rows` is 0, a buffer lacks `STORAGE` usage, `y` is `x`, or
+/// an index overflows; [`Error::ShapeMismatch`] when `x` or `y` is too small; [`Error::TooLarge`]
+/// when one row of x or y exceeds a storage binding; [`Error::Wgpu`] or [`Error::Shader`]
+/// from wgpu. Nothing is created before every check has passed.
+pub fn prepare_qmatmul(ctx: &Context, args: &QMatmulArgs<'_>) -> Result<PreparedOp> {
+    let QMatmulArgs {
+        x,
+        x_row,
+        rows,
+        w,
+        y,
+        y_row,
+    } = *args;
+    let (n, k) = w.shape();
+    check_positive("qmatmul", &[("rows", rows)])?;
+    let x_end = mul("qmatmul x", x_row.saturating_add(rows), k)?;
+    let y_end = mul("qmatmul y", y_row.saturating_add(rows), n)?;
+    check_storage("qmatmul x", x, x_end)?;
+    check_storage("qmatmul y", y, y_end)?;
+    check_distinct("qmatmul", ("y", y), &[("x", x)])?;
+    let per_binding = max_bound_elems(ctx) as usize;
+    if k.max(n) > per_binding {
+        return Err(Error::TooLarge {
+            what: format!("one row of qmatmul x or y ({} values)", k.max(n)),
+            bytes: k.max(n) as u64 * 4,
+            limit: binding_limit(ctx),
+        });
+    }
+    let fit = |v: usize| -> Result<u32> {
+        u32::try_from(v).map_err(|_| Error::InvalidArgument(format!("qmatmul: {v} exceeds u32")))
+    };
+    fit(x_end)?;
+    fit(y_end)?;
+    let x_rows = x_rows_per_group(rows);
+    let max_groups = ctx.caps().max_compute_workgroups_per_dimension as usize;
+    let per_slice = (per_binding / k)
+        .min(per_binding / n)
+        .min(max_groups * x_rows)
+        .max(1);
+    // Every binding and uniform value first: nothing is created for a product that fails.
+    let mut plans = Vec::new();
+    let mut t0 = 0;
+    while t0 < rows {
+        let nt = per_slice.min(rows - t0);
+        let xs = bind(ctx, ((x_row + t0) * k) as u64, (nt * k) as u64)?;
+        let ys = bind(ctx, ((y_row + t0) * n) as u64, (nt * n) as u64)?;
+        for (part, &(_, r0, nr)) in w.parts.iter().enumerate() {
+            let params = QMatmulParams {
+                rows: nt as u32,
+                k: k as u32,
+                n: nr as u32,
+                n_base: r0 as u32,
+                y_stride: n as u32,
+                x_base: xs.base,
+                y_base: ys.base,
+                _pad0: 0,
+            };
+            let grid = [nr.div_ceil(ROWS_OF_W) as u32, nt.div_ceil(x_rows) as u32, 1];
+            plans.push((part, params, xs, ys, grid));
+        }
+        t0 += nt;
+    }
+    let key = PipelineKey::new(
+        ShaderVariant::new(Kernel::QMatmul, Precision::F32),
+        &constants(w.ty, x_rows),
+    );
+    let pipeline = ctx.pipeline(&key)?;
+    let mut uniforms = Vec::with_capacity(plans.len());
+    let mut dispatches = Vec::with_capacity(plans.len());
+    for (part, params, xs, ys, grid) in plans {
+        let uniform = ctx.uniform("qmatmul params", &params)?;
+        let wbuf = &w.parts[part].0;
+        dispatches.push(ctx.prepare_dispatch(
+            "qmatmul",
+            &pipeline,
+            &[
+                uniform.as_entire_binding(),
+                xs.resource(x),
+                wbuf.as_entire_binding(),
+                ys.resource(y),
+            ],
+            grid,
+        )?);
+        uniforms.push(uniform);
+    }
+    Ok(PreparedOp {
+        dispatches,
+        _uniforms: uniforms,
+    })
+}
+
+/// [`prepare_qmatmul`] recorded into `pass` (submits nothing).
+///
+/// # Errors
+/// Those of [`prepare_qmatmul`], before anything is recorded.
+pub fn encode_qmatmul(
+    ctx: &Context,
+    pass: &mut wgpu::ComputePass<'_>,
+    args: &QMatmulArgs<'_>,
+) -> Result<()> {
+    prepare_qmatmul(ctx, args)?.encode(pass);
+    Ok(())
+}
+
+/// The product in a compute pass of its own, submitted.
+///
+/// # Errors
+/// Those of [`prepare_qmatmul`], before anything is submitted.
+pub fn qmatmul(ctx: &Context, args: &QMatmulArgs<'_>) -> Result<()> {
+    let prepared = prepare_qmatmul(ctx, args)?;
+    ctx.run_pass("qmatmul", |pass| {
+        prepared.encode(pass);
+        Ok(())
+    })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padded_blocks_stay_within_15_percent_of_the_file() {
+        for ty in crate::decoder::blocks::SUPPORTED {
+            let k = 256;
+            let file = ty.bytes_for(k as u64).unwrap() as usize;
+            let gpu = row_words(ty, k).unwrap() * 4;
+            assert!(
+                gpu >= file && gpu as f64 <= file as f64 * 1.15,
+                "{ty}: {gpu} / {file}"
+            );
+            let packed = pack_rows(ty, k, &vec![0xA5; 3 * file]).unwrap();
+            assert_eq!(packed.len() * 4, 3 * gpu, "{ty}");
+        }
+    }
+
+    #[test]
+    fn padding_moves_codes_onto_words() {
+        // Q8_0: d = 0x1234, codes 0..31: the codes start at word 1.
+        let mut block = vec![0x34, 0x12];
+        block.extend(0u8..32);
+        let words = pack_rows(GgmlType::Q8_0, 32, &block).unwrap();
+        assert_eq!(words[0], 0x1234);
+        assert_eq!(words[1], u32::from_le_bytes([0, 1, 2, 3]));
+        assert_eq!(words[8], u32::from_le_bytes([28, 29, 30, 31]));
+        // Q6_K: its d (last two bytes) alone in the last word.
+        let mut block = vec![7u8; 208];
+        block.extend([0xCD, 0xAB]);
+        let words = pack_rows(GgmlType::Q6_K, 256, &block).unwrap();
+        assert_eq!((words.len(), words[52]), (53, 0xABCD));
+    }
+
+    #[test]
+    fn unsupported_shapes_and_types_are_refused() {
+        assert!(pack_rows(GgmlType::Q4_K, 32, &[0; 144]).is_err());
+        assert!(pack_rows(GgmlType::F32, 48, &[0; 192]).is_err());
+        assert!(pack_rows(GgmlType::Q2_K, 256, &[0; 84]).is_err());
+        assert!(pack_rows(GgmlType::Q4_1, 32, &[0; 30]).is_err());
+        let e = check_type(GgmlType::IQ4_NL, 32).unwrap_err().to_string();
+        assert!(e.contains("IQ4_NL"), "{e}");
+    }
+}

@@ -1,0 +1,301 @@
+//! The quantized matrix product (`kvattn::decoder::ops::qmatmul`) against its CPU reference for
+//! every GGUF block type on odd shapes; a row's bits alone and in every batch; a weight and
+//! operands split over several bindings; bad input refused before anything is written.
+
+use half::{bf16, f16};
+use kvattn::decoder::blocks::SUPPORTED;
+use kvattn::decoder::gguf::GgmlType;
+use kvattn::decoder::ops::qmatmul::{qmatmul, QMatmulArgs, QWeight};
+use kvattn::gpu::{Context, UNWRITTEN, UNWRITTEN_BITS};
+use kvattn::reference::qmatmul as cpu;
+use kvattn::Error;
+
+use crate::common::{gpu, gpu_capped, Rng};
+
+/// Byte offsets of a block's f16 scale fields in the file layout.
+fn scale_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        _ => &[],
+    }
+}
+
+/// `n` rows of `k` random values of `ty` in the file's layout: random codes, finite scales.
+fn random_weight(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> Vec<u8> {
+    let values = n * k;
+    match ty {
+        GgmlType::F32 => rng
+            .normals(values, 0.5)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        GgmlType::F16 => rng
+            .normals(values, 0.5)
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => rng
+            .normals(values, 0.5)
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        _ => {
+            let bb = ty.block_bytes() as usize;
+            let blocks = values / ty.block_size() as usize;
+            let mut out: Vec<u8> = (0..blocks * bb)
+                .map(|_| (rng.next_u64() >> 56) as u8)
+                .collect();
+            for block in out.chunks_exact_mut(bb) {
+                for &at in scale_fields(ty) {
+                    let scale = (rng.uniform() as f32 * 0.1 + 0.01)
+                        * if rng.uniform() < 0.3 { -1.0 } else { 1.0 };
+                    block[at..at + 2]
+                        .copy_from_slice(&f16::from_f32(scale).to_bits().to_le_bytes());
+                }
+            }
+            out
+        }
+    }
+}
+
+/// Rows of k values a test of `ty` uses: one chunk per lane or fewer, and more chunks than
+/// lanes (so that lanes take two).
+fn ks(ty: GgmlType) -> [usize; 2] {
+    if ty.block_size() == 256 {
+        [256, 1280]
+    } else {
+        [96, 672]
+    }
+}
+
+/// Runs the product of rows `x_row ..` of `x` into rows `y_row ..` of a sentinel-filled y of
+/// `y_rows` rows; returns y.
+fn run(
+    ctx: &Context,
+    w: &QWeight,
+    x: &[f32],
+    (x_row, rows, y_row, y_rows): (usize, usize, usize, usize),
+) -> Vec<f32> {
+    let (n, _) = w.shape();
+    let xb = ctx.upload("x", x).unwrap();
+    let yb = ctx.filled("y", y_rows * n, UNWRITTEN).unwrap();
+    let args = QMatmulArgs {
+        x: &xb,
+        x_row,
+        rows,
+        w,
+        y: &yb,
+        y_row,
+    };
+    qmatmul(ctx, &args).unwrap_or_else(|e| panic!("{}: {e}", w.ggml_type()));
+    ctx.read_back::<f32>(&yb, y_rows * n).unwrap()
+}
+
+/// The CPU reference in both roundings of `fma` (fused, then product-and-sum) and each
+/// output's sum of |w x|.
+struct Want {
+    fused: Vec<f32>,
+    unfused: Vec<f32>,
+    abs: Vec<f64>,
+}
+
+/// Checks y against the CPU reference: rows `y_row .. y_row + rows` within a bound scaled by
+/// each output's sum of |w x|, every other value still the sentinel. Returns how many outputs
+/// had the bits of the fused and of the unfused reference.
+fn check(
+    what: &str,
+    y: &[f32],
+    want: &Want,
+    (n, y_row, rows): (usize, usize, usize),
+) -> (usize, usize) {
+    let mut exact = (0, 0);
+    for (i, &v) in y.iter().enumerate() {
+        let r = i / n;
+        if r < y_row || r >= y_row + rows {
+            assert_eq!(
+                v.to_bits(),
+                UNWRITTEN_BITS,
+                "{what}: y[{i}] outside the product was written"
+            );
+            continue;
+        }
+        let j = i - y_row * n;
+        let bound = 1e-5 * want.abs[j] + 1e-30;
+        assert!(
+            (f64::from(v) - f64::from(want.fused[j])).abs() <= bound,
+            "{what}: y[{r}, {}] = {v:e}, the CPU gives {:e} (bound {bound:e})",
+            j % n,
+            want.fused[j]
+        );
+        exact.0 += usize::from(v.to_bits() == want.fused[j].to_bits());
+        exact.1 += usize::from(v.to_bits() == want.unfused[j].to_bits());
+    }
+    exact
+}
+
+fn reference(ty: GgmlType, (n, k): (usize, usize), w: &[u8], x: &[f32], rows: usize) -> Want {
+    let fused = cpu::qmatmul(ty, n, k, w, x, rows).unwrap();
+    let unfused = cpu::qmatmul_unfused(ty, n, k, w, x, rows).unwrap();
+    let wv = kvattn::decoder::blocks::dequantize(ty, w, n * k).unwrap();
+    let abs = (0..rows * n)
+        .map(|j| {
+            let (t, o) = (j / n, j % n);
+            (0..k)
+                .map(|i| f64::from(wv[o * k + i]).abs() * f64::from(x[t * k + i]).abs())
+                .sum()
+        })
+        .collect();
+    Want {
+        fused,
+        unfused,
+        abs,
+    }
+}
+
+/// Every output within the bound, and every output of every type with the bits of one of the
+/// two references (the adapter's `fma` is fused or it is not): so every weight is decoded
+/// exactly as the CPU does and every sum is taken in the reference's order.
+#[test]
+fn every_block_type_matches_the_cpu_reference_on_odd_shapes() {
+    let ctx = gpu();
+    let mut rng = Rng::new(19);
+    let mut summary = Vec::new();
+    let (mut fused, mut unfused, mut total) = (0, 0, 0);
+    for ty in SUPPORTED {
+        let mut exact = (0, 0, 0);
+        for (k, (n, rows, x_row, y_row)) in ks(ty).into_iter().zip([(13, 1, 1, 2), (7, 9, 0, 1)]) {
+            for rows in [rows, 3] {
+                let w = random_weight(&mut rng, ty, n, k);
+                let weight = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
+                let x = rng.normals((x_row + rows + 1) * k, 1.0);
+                let y = run(ctx, &weight, &x, (x_row, rows, y_row, y_row + rows + 1));
+                let xs = &x[x_row * k..(x_row + rows) * k];
+                let want = reference(ty, (n, k), &w, xs, rows);
+                let what = format!("{ty} n {n} k {k} rows {rows}");
+                let (f, u) = check(&what, &y, &want, (n, y_row, rows));
+                exact = (exact.0 + f, exact.1 + u, exact.2 + rows * n);
+            }
+        }
+        summary.push(format!("{ty} {}+{}/{}", exact.0, exact.1, exact.2));
+        (fused, unfused, total) = (fused + exact.0, unfused + exact.1, total + exact.2);
+    }
+    println!(
+        "outputs with the bits of the fused + unfused reference: {}",
+        summary.join(", ")
+    );
+    assert!(
+        fused == total || unfused == total,
+        "not every output has the bits of one reference: {}",
+        summary.join(", ")
+    );
+}
+
+#[test]
+fn a_row_gets_the_same_bits_alone_or_in_any_batch() {
+    let ctx = gpu();
+    let mut rng = Rng::new(23);
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q8_0,
+        GgmlType::Q6_K,
+        GgmlType::F16,
+    ] {
+        let (n, k) = (9, ks(ty)[1]);
+        let w = random_weight(&mut rng, ty, n, k);
+        let weight = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
+        let rows = 11;
+        let x = rng.normals(rows * k, 1.0);
+        let all = run(ctx, &weight, &x, (0, rows, 0, rows));
+        // Every batch size picks its rows of x per workgroup (1, 2, 4 or 8).
+        for (first, count) in [(0, 1), (5, 1), (10, 1), (2, 2), (3, 4), (1, 3), (2, 9)] {
+            let part = run(ctx, &weight, &x, (first, count, 0, count));
+            for t in 0..count {
+                let a: Vec<u32> = all[(first + t) * n..(first + t + 1) * n]
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect();
+                let b: Vec<u32> = part[t * n..(t + 1) * n]
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect();
+                assert_eq!(
+                    a,
+                    b,
+                    "{ty}: row {} computed in a batch of {count} differs from the batch of {rows}",
+                    first + t
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_weight_past_one_binding_is_split_by_rows_with_the_same_bits() {
+    // 64 KiB bindings: 300 rows of 288 bytes (Q8_0, k 256) are 86,400 bytes on the GPU.
+    let capped = gpu_capped();
+    let ctx = gpu();
+    let mut rng = Rng::new(29);
+    let (ty, n, k, rows) = (GgmlType::Q8_0, 300, 256, 70);
+    let w = random_weight(&mut rng, ty, n, k);
+    let split = QWeight::upload(capped, "w", ty, (n, k), &w).unwrap();
+    assert!(split.num_parts() >= 2, "{} parts", split.num_parts());
+    assert_eq!(split.gpu_bytes(), (n * 288) as u64);
+    let whole = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
+    assert_eq!(whole.num_parts(), 1);
+    // y (70 x 300 f32, 84,000 bytes) is bound in slices of rows too.
+    let x = rng.normals((rows + 1) * k, 1.0);
+    let a = run(capped, &split, &x, (1, rows, 0, rows));
+    let b = run(ctx, &whole, &x, (1, rows, 0, rows));
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&a), bits(&b));
+    let want = reference(ty, (n, k), &w, &x[k..], rows);
+    check("split", &a, &want, (n, 0, rows));
+}
+
+#[test]
+fn bad_products_are_refused_before_anything_is_written() {
+    let ctx = gpu();
+    let mut rng = Rng::new(31);
+    let (ty, n, k) = (GgmlType::Q4_1, 5, 64);
+    let w = random_weight(&mut rng, ty, n, k);
+    let weight = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
+    // Wrong byte counts, rows of k not a multiple of the block, unsupported types.
+    let short = QWeight::upload(ctx, "w", ty, (n, k), &w[1..]);
+    assert!(
+        matches!(short, Err(Error::ShapeMismatch { .. })),
+        "{short:?}"
+    );
+    assert!(QWeight::upload(ctx, "w", GgmlType::Q4_K, (1, 128), &[0; 72]).is_err());
+    let e = QWeight::upload(ctx, "w", GgmlType::Q2_K, (1, 256), &[0; 84]).unwrap_err();
+    assert!(e.to_string().contains("Q2_K"), "{e}");
+    let x = ctx.upload("x", &rng.normals(3 * k, 1.0)).unwrap();
+    let y = ctx.filled("y", 3 * n, UNWRITTEN).unwrap();
+    let args = |x_row, rows, y_row| QMatmulArgs {
+        x: &x,
+        x_row,
+        rows,
+        w: &weight,
+        y: &y,
+        y_row,
+    };
+    for (what, a) in [
+        ("no rows", args(0, 0, 0)),
+        ("x too short", args(1, 3, 0)),
+        ("y too short", args(0, 2, 2)),
+    ] {
+        let r = qmatmul(ctx, &a);
+        assert!(r.is_err(), "{what}: {r:?}");
+    }
+    let same = QMatmulArgs {
+        y: &x,
+        ..args(0, 1, 0)
+    };
+    assert!(matches!(
+        qmatmul(ctx, &same),
+        Err(Error::InvalidArgument(_))
+    ));
+    let y_now = ctx.read_back::<f32>(&y, 3 * n).unwrap();
+    assert!(y_now.iter().all(|v| v.to_bits() == UNWRITTEN_BITS));
+}
