@@ -21,12 +21,17 @@ pub fn layout_of<T: WgslStruct>() -> StructLayout {
 }
 
 /// Whether the enabled features build `kernel`: the decoder's kernels ([`Kernel::RmsNorm`],
-/// [`Kernel::Swiglu`], [`Kernel::Add`], [`Kernel::Embed`], [`Kernel::QMatmul`]) need the `decoder` feature, the
+/// [`Kernel::Swiglu`], [`Kernel::Add`], [`Kernel::Embed`], [`Kernel::QMatmul`], [`Kernel::QEmbed`]) need the `decoder` feature, the
 /// ceilings' kernels ([`Kernel::Bandwidth`], [`Kernel::FmaRate`]) the `bench` feature.
 pub fn is_built(kernel: Kernel) -> bool {
     let decoder = matches!(
         kernel,
-        Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed | Kernel::QMatmul
+        Kernel::RmsNorm
+            | Kernel::Swiglu
+            | Kernel::Add
+            | Kernel::Embed
+            | Kernel::QMatmul
+            | Kernel::QEmbed
     );
     let bench = matches!(kernel, Kernel::Bandwidth | Kernel::FmaRate);
     (!decoder || cfg!(feature = "decoder")) && (!bench || cfg!(feature = "bench"))
@@ -66,10 +71,15 @@ pub fn param_structs(kernel: Kernel) -> Vec<StructLayout> {
         Kernel::Embed => vec![layout_of::<decoder::ops::embed::EmbedParams>()],
         #[cfg(feature = "decoder")]
         Kernel::QMatmul => vec![layout_of::<decoder::ops::qmatmul::QMatmulParams>()],
+        #[cfg(feature = "decoder")]
+        Kernel::QEmbed => vec![layout_of::<decoder::ops::qembed::QEmbedParams>()],
         #[cfg(not(feature = "decoder"))]
-        Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed | Kernel::QMatmul => {
-            Vec::new()
-        }
+        Kernel::RmsNorm
+        | Kernel::Swiglu
+        | Kernel::Add
+        | Kernel::Embed
+        | Kernel::QMatmul
+        | Kernel::QEmbed => Vec::new(),
         #[cfg(feature = "bench")]
         Kernel::Bandwidth => vec![layout_of::<bench::bandwidth::BandwidthParams>()],
         #[cfg(feature = "bench")]
@@ -112,10 +122,15 @@ pub fn kernel_constants(kernel: Kernel, precision: Precision) -> Vec<Constants> 
         Kernel::Embed => decoder::ops::embed::representative_constants(),
         #[cfg(feature = "decoder")]
         Kernel::QMatmul => decoder::ops::qmatmul::representative_constants(),
+        #[cfg(feature = "decoder")]
+        Kernel::QEmbed => decoder::ops::qembed::representative_constants(),
         #[cfg(not(feature = "decoder"))]
-        Kernel::RmsNorm | Kernel::Swiglu | Kernel::Add | Kernel::Embed | Kernel::QMatmul => {
-            Vec::new()
-        }
+        Kernel::RmsNorm
+        | Kernel::Swiglu
+        | Kernel::Add
+        | Kernel::Embed
+        | Kernel::QMatmul
+        | Kernel::QEmbed => Vec::new(),
         #[cfg(feature = "bench")]
         Kernel::Bandwidth => bench::bandwidth::representative_constants(),
         #[cfg(feature = "bench")]

@@ -20,6 +20,8 @@ const PRELUDE_F32: &str = include_str!("../shaders/lib/precision_f32.wgsl");
 const PRELUDE_F16: &str = include_str!("../shaders/lib/precision_f16.wgsl");
 /// KV storage formats: dtype codes, row sizes, exact decoders of single values.
 const LIB_KV_FORMAT: &str = include_str!("../shaders/lib/kv_format.wgsl");
+/// Values of weights in GGUF block formats (the decoder's quantized products).
+const LIB_GGML_BLOCKS: &str = include_str!("../shaders/lib/ggml_blocks.wgsl");
 /// Reading K/V rows of any storage format through the kernel's pool accessors.
 const LIB_KV_LOAD: &str = include_str!("../shaders/lib/kv_load.wgsl");
 /// KV encoding for the storage formats (append).
@@ -95,6 +97,8 @@ pub enum Kernel {
     Embed,
     /// Matrix product over weights in a GGUF block format (`shaders/qmatmul.wgsl`).
     QMatmul,
+    /// Token-embedding gather from a table in a GGUF block format (`shaders/qembed.wgsl`).
+    QEmbed,
     /// The copy kernel measuring memory bandwidth (`shaders/bandwidth.wgsl`).
     Bandwidth,
     /// Independent FMA chains measuring the arithmetic rate (`shaders/fma_rate.wgsl`).
@@ -106,7 +110,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel family.
-    pub const ALL: [Kernel; 18] = [
+    pub const ALL: [Kernel; 19] = [
         Kernel::Paged,
         Kernel::PagedLanes,
         Kernel::Merge,
@@ -122,6 +126,7 @@ impl Kernel {
         Kernel::Add,
         Kernel::Embed,
         Kernel::QMatmul,
+        Kernel::QEmbed,
         Kernel::Bandwidth,
         Kernel::FmaRate,
         Kernel::F16Check,
@@ -145,6 +150,7 @@ impl Kernel {
             Kernel::Add => "add",
             Kernel::Embed => "embed",
             Kernel::QMatmul => "qmatmul",
+            Kernel::QEmbed => "qembed",
             Kernel::Bandwidth => "bandwidth",
             Kernel::FmaRate => "fma_rate",
             Kernel::F16Check => "f16_check",
@@ -169,6 +175,7 @@ impl Kernel {
             Kernel::Add => include_str!("../shaders/add.wgsl"),
             Kernel::Embed => include_str!("../shaders/embed.wgsl"),
             Kernel::QMatmul => include_str!("../shaders/qmatmul.wgsl"),
+            Kernel::QEmbed => include_str!("../shaders/qembed.wgsl"),
             Kernel::Bandwidth => include_str!("../shaders/bandwidth.wgsl"),
             Kernel::FmaRate => include_str!("../shaders/fma_rate.wgsl"),
             Kernel::F16Check => include_str!("../shaders/f16_check.wgsl"),
@@ -186,7 +193,7 @@ impl Kernel {
             ],
             Kernel::Merge | Kernel::MergeStates => &[LIB_SOFTMAX],
             Kernel::Dequant => &[LIB_KV_FORMAT, LIB_KV_LOAD],
-            Kernel::QMatmul => &[LIB_KV_FORMAT],
+            Kernel::QMatmul | Kernel::QEmbed => &[LIB_KV_FORMAT, LIB_GGML_BLOCKS],
             Kernel::AppendKv => &[LIB_KV_FORMAT, LIB_KV_STORE],
             Kernel::CopyBlocks => &[],
             Kernel::Rope => &[],
@@ -220,6 +227,7 @@ impl Kernel {
             | Kernel::Add
             | Kernel::Embed
             | Kernel::QMatmul
+            | Kernel::QEmbed
             | Kernel::Bandwidth
             | Kernel::F16Check => &[Precision::F32],
         }

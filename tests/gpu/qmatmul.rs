@@ -5,6 +5,7 @@
 use half::{bf16, f16};
 use kvattn::decoder::blocks::SUPPORTED;
 use kvattn::decoder::gguf::GgmlType;
+use kvattn::decoder::ops::qembed::{qembed, QEmbedArgs};
 use kvattn::decoder::ops::qmatmul::{qmatmul, QMatmulArgs, QWeight};
 use kvattn::gpu::{Context, UNWRITTEN, UNWRITTEN_BITS};
 use kvattn::reference::qmatmul as cpu;
@@ -298,4 +299,50 @@ fn bad_products_are_refused_before_anything_is_written() {
     ));
     let y_now = ctx.read_back::<f32>(&y, 3 * n).unwrap();
     assert!(y_now.iter().all(|v| v.to_bits() == UNWRITTEN_BITS));
+}
+
+/// The gather from a table in each block format gives the CPU's dequantized rows bit for bit
+/// (zeros for an id past the vocabulary), whole or split over 64 KiB bindings.
+#[test]
+fn the_embedding_gather_reads_every_block_type_exactly() {
+    let mut rng = Rng::new(37);
+    for ty in SUPPORTED {
+        let (vocab, dim) = (1200, ks(ty)[0]);
+        let table = random_weight(&mut rng, ty, vocab, dim);
+        let rows = kvattn::decoder::blocks::dequantize(ty, &table, vocab * dim).unwrap();
+        let ids = [3u32, 0, vocab as u32 + 5, vocab as u32 - 1, 3, 700];
+        for (which, ctx) in [("whole", gpu()), ("split", gpu_capped())] {
+            let weight = QWeight::upload(ctx, "table", ty, (vocab, dim), &table).unwrap();
+            assert_eq!(weight.num_parts() > 1, which == "split", "{ty}");
+            let tokens = ctx.upload("ids", &ids).unwrap();
+            let out = ctx.filled("out", ids.len() * dim, UNWRITTEN).unwrap();
+            let args = QEmbedArgs {
+                tokens: &tokens,
+                n_tokens: ids.len(),
+                table: &weight,
+                out: &out,
+            };
+            qembed(ctx, &args).unwrap();
+            let got = ctx.read_back::<f32>(&out, ids.len() * dim).unwrap();
+            for (t, &id) in ids.iter().enumerate() {
+                let row = &got[t * dim..(t + 1) * dim];
+                let want: Vec<u32> = if (id as usize) < vocab {
+                    let i = id as usize;
+                    rows[i * dim..(i + 1) * dim]
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect()
+                } else {
+                    vec![0; dim]
+                };
+                let row: Vec<u32> = row.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(
+                    row,
+                    want,
+                    "{ty} ({which}, {} parts): token {t} (id {id})",
+                    weight.num_parts()
+                );
+            }
+        }
+    }
 }

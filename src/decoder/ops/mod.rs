@@ -6,7 +6,8 @@
 //! - [`swiglu::swiglu`]: `silu(gate) * up`, overflow-safe;
 //! - [`add::add_in_place`]: `x += y`, the residual connection;
 //! - [`embed::embed`]: the token-embedding gather, with [`embed::embed_host_check`] for ids;
-//! - [`qmatmul::qmatmul`]: the matrix product over weights in their GGUF block format.
+//! - [`qmatmul::qmatmul`]: the matrix product over weights in their GGUF block format, and
+//!   [`qembed::qembed`] the gather from such a table.
 //!
 //! Each kernel is one `.rs` here and one `.wgsl` of the same name in `shaders/`; its CPU
 //! reference is in [`crate::reference::ops`]. Every entry point checks all of its arguments
@@ -34,6 +35,7 @@ use crate::Result;
 
 pub mod add;
 pub mod embed;
+pub mod qembed;
 pub mod qmatmul;
 pub mod rms_norm;
 pub mod swiglu;

@@ -223,6 +223,11 @@ impl QWeight {
     pub fn num_parts(&self) -> usize {
         self.parts.len()
     }
+
+    /// The parts: (buffer, first row, rows).
+    pub(crate) fn parts(&self) -> impl Iterator<Item = (&wgpu::Buffer, usize, usize)> {
+        self.parts.iter().map(|(b, r0, n)| (b, *r0, *n))
+    }
 }
 
 /// One product: `y[y_row + t, :] = W x[x_row + t, :]` for `t < rows`.
@@ -253,7 +258,8 @@ fn x_rows_per_group(rows: usize) -> usize {
     }
 }
 
-fn constants(ty: GgmlType, x_rows: usize) -> Vec<(&'static str, f64)> {
+/// The override constants of lib/ggml_blocks.wgsl for weights of type `ty`.
+pub(crate) fn format_constants(ty: GgmlType) -> Vec<(&'static str, f64)> {
     let (words, chunks) = match block_words(ty) {
         Some(w) => (w, ty.block_size() as usize / CHUNK),
         None => (1, 1),
@@ -262,8 +268,13 @@ fn constants(ty: GgmlType, x_rows: usize) -> Vec<(&'static str, f64)> {
         ("FORMAT", f64::from(ty.id())),
         ("BLOCK_WORDS", words as f64),
         ("BLOCK_CHUNKS", chunks as f64),
-        ("ROWS", x_rows as f64),
     ]
+}
+
+fn constants(ty: GgmlType, x_rows: usize) -> Vec<(&'static str, f64)> {
+    let mut c = format_constants(ty);
+    c.push(("ROWS", x_rows as f64));
+    c
 }
 
 /// Override constants for the naga tests: every type, one and eight rows of x.
