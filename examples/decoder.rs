@@ -294,6 +294,10 @@ fn run_model(ctx: &Context, path: &Path, opts: &TextOptions) -> Result<()> {
         ctx.adapter().backend,
         opts.kv_dtype
     );
+    eprintln!(
+        "weights on the GPU: {:.1} MB",
+        loaded.model.weight_bytes() as f64 / 1e6
+    );
     let mut out = std::io::stdout();
     let stats = generate_text(ctx, &loaded, opts, |piece| {
         let _ = out.write_all(piece.as_bytes());

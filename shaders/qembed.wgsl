@@ -59,7 +59,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if id < params.row_lo || id - params.row_lo >= params.part_rows {
         return;
     }
-    let v = ggml_values8(id - params.row_lo, params.chunks, c, p);
+    let v = ggml_values8(ggml_chunk(id - params.row_lo, params.chunks, c), p);
     for (var i = 0u; i < 4u; i++) {
         out[at + i] = v.a[i];
         out[at + 4u + i] = v.b[i];

@@ -15,11 +15,13 @@
 // w * x over each chunk's values in order with fma into its partial; the LANES partials are then
 // added by a fixed tree (step o = LANES / 2, ..., 1: p[j] += p[j + o] for j < o).
 //
-// Mapping. A workgroup of WG = LANES * NCOL invocations computes NCOL rows of W (lane group
-// `col` row wid.x * NCOL + col) for ROWS rows of x (wid.y * ROWS ...): each lane decodes a
-// chunk's weights once and applies them to every row of x, so a prefill chunk reads the weights
-// once per ROWS rows. Adjacent lanes read adjacent chunks. Rows of x past `rows` repeat the last
-// one and are not written; rows of W past `n` repeat the last one and are not written.
+// Mapping. A workgroup of WG = LANES * GROUPS invocations computes GROUPS * WROWS rows of W
+// (lane group g the WROWS rows from (wid.x * GROUPS + g) * WROWS) for ROWS rows of x
+// (wid.y * ROWS ...): each lane applies the x values it loads to its WROWS (4) rows of W and
+// each chunk of weights it decodes to every row of x, so a prefill chunk reads the weights once
+// per ROWS rows. Adjacent lanes read adjacent chunks. Rows of x past `rows` repeat the last one,
+// rows of W past `n` the last one; neither is written. Neither WROWS nor ROWS changes the
+// order of any sum.
 
 struct QMatmulParams {
     // Rows of x (and y) in this dispatch.
@@ -50,67 +52,197 @@ fn ggml_word(i: u32) -> u32 {
 
 // Rows of x per workgroup (1 to 8).
 override ROWS: u32 = 1u;
+// Whole rows of W an invocation (CPU adapters) instead of 16 lanes a row: the same sums.
+override ROW_MAJOR: bool = false;
 
 const LANES: u32 = 16u;
-const NCOL: u32 = 4u;
-const WG: u32 = LANES * NCOL;
+const GROUPS: u32 = 4u;
+const WG: u32 = LANES * GROUPS;
+// Invocations per workgroup: WG, or ROW_WG with ROW_MAJOR (fewer rows a workgroup, so that a
+// narrow product still spreads over the cores).
+override ROW_WG: u32 = 16u;
+override WG_SIZE: u32 = select(WG, ROW_WG, ROW_MAJOR);
+// Rows of W per lane group: a lane applies the x values it loads to WROWS rows of W (one per
+// component of its accumulators) and each weight it decodes to ROWS rows of x.
+const WROWS: u32 = 4u;
 
-// acc + sum of w * x over 8 values, in order.
-fn dot8(wv: Values8, xa: vec4<f32>, xb: vec4<f32>, acc: f32) -> f32 {
-    var s = fma(wv.a.x, xa.x, acc);
-    s = fma(wv.a.y, xa.y, s);
-    s = fma(wv.a.z, xa.z, s);
-    s = fma(wv.a.w, xa.w, s);
-    s = fma(wv.b.x, xb.x, s);
-    s = fma(wv.b.y, xb.y, s);
-    s = fma(wv.b.z, xb.z, s);
-    return fma(wv.b.w, xb.w, s);
+// The same value of four rows of W (component r: row r).
+struct Rows4 {
+    v: array<Values8, 4>,
 }
 
-var<workgroup> parts: array<f32, 512>;
+// acc + sum over 8 values of w * x, in order; component r is row r of W.
+fn dot8x4(w: Rows4, xa: vec4<f32>, xb: vec4<f32>, acc: vec4<f32>) -> vec4<f32> {
+    let w0 = w.v[0];
+    let w1 = w.v[1];
+    let w2 = w.v[2];
+    let w3 = w.v[3];
+    var s = fma(vec4<f32>(w0.a.x, w1.a.x, w2.a.x, w3.a.x), vec4<f32>(xa.x), acc);
+    s = fma(vec4<f32>(w0.a.y, w1.a.y, w2.a.y, w3.a.y), vec4<f32>(xa.y), s);
+    s = fma(vec4<f32>(w0.a.z, w1.a.z, w2.a.z, w3.a.z), vec4<f32>(xa.z), s);
+    s = fma(vec4<f32>(w0.a.w, w1.a.w, w2.a.w, w3.a.w), vec4<f32>(xa.w), s);
+    s = fma(vec4<f32>(w0.b.x, w1.b.x, w2.b.x, w3.b.x), vec4<f32>(xb.x), s);
+    s = fma(vec4<f32>(w0.b.y, w1.b.y, w2.b.y, w3.b.y), vec4<f32>(xb.y), s);
+    s = fma(vec4<f32>(w0.b.z, w1.b.z, w2.b.z, w3.b.z), vec4<f32>(xb.z), s);
+    return fma(vec4<f32>(w0.b.w, w1.b.w, w2.b.w, w3.b.w), vec4<f32>(xb.w), s);
+}
 
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let col = lid / LANES;
-    let lane = lid % LANES;
-    let o = wid.x * NCOL + col;
-    let row = min(o, params.n - 1u);
-    let t0 = wid.y * ROWS;
-    let chunks = params.k / 32u;
-    let k4 = params.k / 4u;
+// Row i of x's contribution: x values 8p .. 8p + 7 of its chunk (vec4 `xo` of the first row)
+// against the decoded weights.
+fn x_row_dot(w: Rows4, xo: u32, t0: u32, i: u32, acc: vec4<f32>) -> vec4<f32> {
+    let at = xo + min(t0 + i, params.rows - 1u) * (params.k / 4u);
+    return dot8x4(w, x[at], x[at + 1u], acc);
+}
 
-    var acc: array<f32, 8>;
-    for (var c = lane; c < chunks; c += LANES) {
-        for (var p = 0u; p < 4u; p++) {
-            let wv = ggml_values8(row, chunks, c, p);
-            let xo = params.x_base / 4u + c * 8u + 2u * p;
-            for (var i = 0u; i < ROWS; i++) {
-                let t = min(t0 + i, params.rows - 1u);
-                let at = xo + t * k4;
-                acc[i] = dot8(wv, x[at], x[at + 1u], acc[i]);
-            }
-        }
+// Every row of x's contribution. The accumulators are indexed by literals only (rows past ROWS
+// are trimmed by the `if`s on the constant), so that they stay in registers on compilers that
+// keep arrays indexed by loop counters in memory (lavapipe).
+fn rows_dot(w: Rows4, xo: u32, t0: u32, acc: ptr<function, array<vec4<f32>, 8>>) {
+    (*acc)[0] = x_row_dot(w, xo, t0, 0u, (*acc)[0]);
+    if ROWS > 1u {
+        (*acc)[1] = x_row_dot(w, xo, t0, 1u, (*acc)[1]);
     }
-    for (var i = 0u; i < ROWS; i++) {
-        parts[i * WG + lid] = acc[i];
+    if ROWS > 2u {
+        (*acc)[2] = x_row_dot(w, xo, t0, 2u, (*acc)[2]);
+        (*acc)[3] = x_row_dot(w, xo, t0, 3u, (*acc)[3]);
     }
-    workgroupBarrier();
-    if lane != 0u || o >= params.n {
+    if ROWS > 4u {
+        (*acc)[4] = x_row_dot(w, xo, t0, 4u, (*acc)[4]);
+        (*acc)[5] = x_row_dot(w, xo, t0, 5u, (*acc)[5]);
+        (*acc)[6] = x_row_dot(w, xo, t0, 6u, (*acc)[6]);
+        (*acc)[7] = x_row_dot(w, xo, t0, 7u, (*acc)[7]);
+    }
+}
+
+// Each invocation's partial sums, vec4 [x row][invocation] (component: row of W).
+var<workgroup> parts: array<vec4<f32>, 512>;
+
+// The partials of invocation `lid` written to workgroup memory, every row of x.
+fn store_parts(lid: u32, acc: ptr<function, array<vec4<f32>, 8>>) {
+    parts[lid] = (*acc)[0];
+    if ROWS > 1u {
+        parts[WG + lid] = (*acc)[1];
+    }
+    if ROWS > 2u {
+        parts[2u * WG + lid] = (*acc)[2];
+        parts[3u * WG + lid] = (*acc)[3];
+    }
+    if ROWS > 4u {
+        parts[4u * WG + lid] = (*acc)[4];
+        parts[5u * WG + lid] = (*acc)[5];
+        parts[6u * WG + lid] = (*acc)[6];
+        parts[7u * WG + lid] = (*acc)[7];
+    }
+}
+
+// Chunk c of the four rows of W from o0 (the last row repeated past `n`).
+struct Chunks4 {
+    v: array<GgmlChunk, 4>,
+}
+
+fn chunks4(o0: u32, chunks: u32, c: u32) -> Chunks4 {
+    let last = params.n - 1u;
+    return Chunks4(array<GgmlChunk, 4>(
+        ggml_chunk(min(o0, last), chunks, c),
+        ggml_chunk(min(o0 + 1u, last), chunks, c),
+        ggml_chunk(min(o0 + 2u, last), chunks, c),
+        ggml_chunk(min(o0 + 3u, last), chunks, c),
+    ));
+}
+
+// Values 8p .. 8p + 7 of the four chunks.
+fn rows4(ch: Chunks4, p: u32) -> Rows4 {
+    return Rows4(array<Values8, 4>(
+        ggml_values8(ch.v[0], p),
+        ggml_values8(ch.v[1], p),
+        ggml_values8(ch.v[2], p),
+        ggml_values8(ch.v[3], p),
+    ));
+}
+
+// Writes row i of x's outputs (four rows of W from o0) where they exist.
+fn store_row(i: u32, t0: u32, o0: u32, v: vec4<f32>) {
+    let t = t0 + i;
+    if i >= ROWS || t >= params.rows {
         return;
     }
+    let base = params.y_base + t * params.y_stride + params.n_base;
+    for (var r = 0u; r < WROWS; r++) {
+        if o0 + r < params.n {
+            y[base + o0 + r] = v[r];
+        }
+    }
+}
+
+// Whole rows an invocation (ROW_MAJOR, for CPU adapters): invocation lid owns rows of W
+// (wid.x * ROW_WG + lid) * WROWS ... and computes the LANES partials of each of its outputs one
+// after another (partial l over chunks l, l + LANES, ...), then the same tree in registers: the
+// bits of the lane mapping, with no workgroup memory and no barrier. Rows of x are taken one at
+// a time (each decodes the weights again: the host picks this mapping for one row).
+fn main_rows(wid: vec3<u32>, lid: u32) {
+    let o0 = (wid.x * ROW_WG + lid) * WROWS;
+    let t0 = wid.y * ROWS;
+    let chunks = params.k / 32u;
     for (var i = 0u; i < ROWS; i++) {
-        let t = t0 + i;
-        if t < params.rows {
-            var v: array<f32, LANES>;
-            for (var j = 0u; j < LANES; j++) {
-                v[j] = parts[i * WG + lid + j];
-            }
-            for (var step = LANES / 2u; step > 0u; step /= 2u) {
-                for (var j = 0u; j < step; j++) {
-                    v[j] = v[j] + v[j + step];
+        var tree: array<vec4<f32>, LANES>;
+        for (var l = 0u; l < LANES; l++) {
+            var acc = vec4<f32>(0.0);
+            for (var c = l; c < chunks; c += LANES) {
+                let ch = chunks4(o0, chunks, c);
+                for (var p = 0u; p < 4u; p++) {
+                    acc = x_row_dot(rows4(ch, p), params.x_base / 4u + c * 8u + 2u * p, t0, i, acc);
                 }
             }
-            y[params.y_base + t * params.y_stride + params.n_base + o] = v[0];
+            tree[l] = acc;
+        }
+        for (var step = LANES / 2u; step > 0u; step /= 2u) {
+            for (var l = 0u; l < step; l++) {
+                tree[l] = tree[l] + tree[l + step];
+            }
+        }
+        store_row(i, t0, o0, tree[0]);
+    }
+}
+
+@compute @workgroup_size(WG_SIZE)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    if ROW_MAJOR {
+        main_rows(wid, lid);
+        return;
+    }
+    let grp = lid / LANES;
+    let lane = lid % LANES;
+    // The group's first row of W, and the workgroup's first row of x.
+    let o0 = (wid.x * GROUPS + grp) * WROWS;
+    let t0 = wid.y * ROWS;
+    let chunks = params.k / 32u;
+
+    var acc: array<vec4<f32>, 8>;
+    for (var c = lane; c < chunks; c += LANES) {
+        let ch = chunks4(o0, chunks, c);
+        for (var p = 0u; p < 4u; p++) {
+            rows_dot(rows4(ch, p), params.x_base / 4u + c * 8u + 2u * p, t0, &acc);
+        }
+    }
+    store_parts(lid, &acc);
+    workgroupBarrier();
+    // Lane j < ROWS * WROWS of the group adds the partials of output (x row j / WROWS, W row
+    // j % WROWS) by the tree: one barrier in all.
+    for (var j = lane; j < ROWS * WROWS; j += LANES) {
+        let i = j / WROWS;
+        let r = j % WROWS;
+        var v: array<f32, LANES>;
+        for (var l = 0u; l < LANES; l++) {
+            v[l] = parts[i * WG + grp * LANES + l][r];
+        }
+        for (var step = LANES / 2u; step > 0u; step /= 2u) {
+            for (var l = 0u; l < step; l++) {
+                v[l] = v[l] + v[l + step];
+            }
+        }
+        let t = t0 + i;
+        if t < params.rows && o0 + r < params.n {
+            y[params.y_base + t * params.y_stride + params.n_base + o0 + r] = v[0];
         }
     }
 }

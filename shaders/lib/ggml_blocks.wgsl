@@ -78,11 +78,64 @@ fn ggml_k_scale_min(at: u32, s: u32) -> vec2<u32> {
     return vec2<u32>((b_s4 & 15u) | ((b_sm4 >> 6u) << 4u), (b_s4 >> 4u) | ((b_s >> 6u) << 4u));
 }
 
-// Values 8p .. 8p + 7 of chunk c of row `row` (rows of `chunks` chunks).
-fn ggml_values8(row: u32, chunks: u32, c: u32, p: u32) -> Values8 {
+// What every piece of a chunk shares, read once per chunk: where its words start (the row's
+// chunk for plain types, the block otherwise), its sub-block, and the scale and offset of its
+// values (Q6_K: the scales of its two halves of 16 values).
+struct GgmlChunk {
+    at: u32,
+    s: u32,
+    scale: vec2<f32>,
+    offset: f32,
+}
+
+// Chunk c of row `row` (rows of `chunks` chunks).
+fn ggml_chunk(row: u32, chunks: u32, c: u32) -> GgmlChunk {
     switch FORMAT {
         case GGML_F32: {
-            let at = (row * chunks + c) * 32u + 8u * p;
+            return GgmlChunk((row * chunks + c) * 32u, 0u, vec2<f32>(1.0), -0.0);
+        }
+        case GGML_F16, GGML_BF16: {
+            return GgmlChunk((row * chunks + c) * 16u, 0u, vec2<f32>(1.0), -0.0);
+        }
+        default: {}
+    }
+    let bw = (row * (chunks / BLOCK_CHUNKS) + c / BLOCK_CHUNKS) * BLOCK_WORDS;
+    let s = c % BLOCK_CHUNKS;
+    switch FORMAT {
+        case GGML_Q4_K, GGML_Q5_K: {
+            let head = ggml_word(bw);
+            let sm = ggml_k_scale_min(bw + 1u, s);
+            let scale = kv_f16(head & 0xffffu) * f32(sm.x);
+            let offset = kv_f16(head >> 16u) * f32(sm.y);
+            return GgmlChunk(bw, s, vec2<f32>(scale), -offset);
+        }
+        case GGML_Q6_K: {
+            // The scales of values 0-15 and 16-31 of chunk s: bytes 8(s / 4) + 2(s % 4) and the
+            // next, of one word.
+            let si = 8u * (s / 4u) + 2u * (s % 4u);
+            let sc_word = ggml_word(bw + 48u + si / 4u) >> (8u * (si % 4u));
+            let sc = vec2<i32>(bitcast<i32>(sc_word << 24u) >> 24u, bitcast<i32>(sc_word << 16u) >> 24u);
+            let dq = kv_f16(ggml_word(bw + 52u) & 0xffffu);
+            return GgmlChunk(bw, s, dq * vec2<f32>(sc), -0.0);
+        }
+        case GGML_Q4_1, GGML_Q5_1: {
+            let head = ggml_word(bw);
+            return GgmlChunk(bw, s, vec2<f32>(kv_f16(head & 0xffffu)), kv_f16(head >> 16u));
+        }
+        default: {
+            return GgmlChunk(bw, s, vec2<f32>(kv_f16(ggml_word(bw) & 0xffffu)), -0.0);
+        }
+    }
+}
+
+// Values 8p .. 8p + 7 of chunk `ch`.
+fn ggml_values8(ch: GgmlChunk, p: u32) -> Values8 {
+    let bw = ch.at;
+    let s = ch.s;
+    let d = ch.scale.x;
+    switch FORMAT {
+        case GGML_F32: {
+            let at = bw + 8u * p;
             return Values8(
                 bitcast<vec4<f32>>(vec4<u32>(ggml_word(at), ggml_word(at + 1u),
                     ggml_word(at + 2u), ggml_word(at + 3u))),
@@ -91,7 +144,7 @@ fn ggml_values8(row: u32, chunks: u32, c: u32, p: u32) -> Values8 {
             );
         }
         case GGML_F16, GGML_BF16: {
-            let at = (row * chunks + c) * 16u + 4u * p;
+            let at = bw + 4u * p;
             if FORMAT == GGML_F16 {
                 return Values8(
                     vec4<f32>(kv_unpack_f16x2(ggml_word(at)), kv_unpack_f16x2(ggml_word(at + 1u))),
@@ -107,35 +160,21 @@ fn ggml_values8(row: u32, chunks: u32, c: u32, p: u32) -> Values8 {
         }
         default: {}
     }
-    let block = row * (chunks / BLOCK_CHUNKS) + c / BLOCK_CHUNKS;
-    let bw = block * BLOCK_WORDS;
-    let s = c % BLOCK_CHUNKS;
-    let head = ggml_word(bw);
-    let d = kv_f16(head & 0xffffu);
-    let m = kv_f16(head >> 16u);
     // Blocks of 32: piece p < 2 is the low nibbles of code bytes 8p ..; p >= 2 the high ones
     // of bytes 8(p - 2) ...
     let half = p / 2u;
     let pair = 2u * (p % 2u);
     switch FORMAT {
-        case GGML_Q4_0: {
+        case GGML_Q4_0, GGML_Q4_1: {
             let q = ggml_bytes8(ggml_word(bw + 1u + pair), ggml_word(bw + 2u + pair), 4u * half,
                 15u);
-            return ggml_scaled8(q, -8.0, d, -0.0);
-        }
-        case GGML_Q4_1: {
-            let q = ggml_bytes8(ggml_word(bw + 1u + pair), ggml_word(bw + 2u + pair), 4u * half,
-                15u);
-            return ggml_scaled8(q, 0.0, d, m);
+            return ggml_scaled8(q, select(0.0, -8.0, FORMAT == GGML_Q4_0), d, ch.offset);
         }
         case GGML_Q5_0, GGML_Q5_1: {
             let lo = ggml_bytes8(ggml_word(bw + 2u + pair), ggml_word(bw + 3u + pair), 4u * half,
                 15u);
             let q = ggml_add8(lo, ggml_fifth8(ggml_word(bw + 1u), 8u * p));
-            if FORMAT == GGML_Q5_0 {
-                return ggml_scaled8(q, -16.0, d, -0.0);
-            }
-            return ggml_scaled8(q, 0.0, d, m);
+            return ggml_scaled8(q, select(0.0, -16.0, FORMAT == GGML_Q5_0), d, ch.offset);
         }
         case GGML_Q8_0: {
             let q = ggml_bytes8(ggml_word(bw + 1u + 2u * p), ggml_word(bw + 2u + 2u * p), 0u, 255u);
@@ -148,9 +187,6 @@ fn ggml_values8(row: u32, chunks: u32, c: u32, p: u32) -> Values8 {
         }
         case GGML_Q4_K, GGML_Q5_K: {
             // Sub-block s: 64-value piece s / 2, low (even s) or high nibbles of its 32 bytes.
-            let sm = ggml_k_scale_min(bw + 1u, s);
-            let scale = d * f32(sm.x);
-            let offset = m * f32(sm.y);
             var codes_at = bw + 4u;
             var q: array<u32, 8>;
             if FORMAT == GGML_Q5_K {
@@ -167,7 +203,7 @@ fn ggml_values8(row: u32, chunks: u32, c: u32, p: u32) -> Values8 {
                 q = ggml_bytes8(ggml_word(codes_at + 8u * (s / 2u) + 2u * p),
                     ggml_word(codes_at + 8u * (s / 2u) + 2u * p + 1u), 4u * (s % 2u), 15u);
             }
-            return ggml_scaled8(q, 0.0, scale, -offset);
+            return ggml_scaled8(q, 0.0, d, ch.offset);
         }
         case GGML_Q6_K: {
             // Chunk s: half h = s / 4, quarter kq = s % 4 (elements 128h + 32kq + l).
@@ -181,11 +217,7 @@ fn ggml_values8(row: u32, chunks: u32, c: u32, p: u32) -> Values8 {
             for (var i = 0u; i < 8u; i++) {
                 q[i] = lo[i] | (hi[i] << 4u);
             }
-            let si = 8u * h + p / 2u + 2u * kq;
-            let sc_word = ggml_word(bw + 48u + si / 4u);
-            let sc = bitcast<i32>(sc_word << (24u - 8u * (si % 4u))) >> 24u;
-            let dq = kv_f16(ggml_word(bw + 52u) & 0xffffu);
-            return ggml_scaled8(q, -32.0, dq * f32(sc), -0.0);
+            return ggml_scaled8(q, -32.0, ch.scale[p / 2u], -0.0);
         }
         default: {
             return Values8(vec4<f32>(0.0), vec4<f32>(0.0));

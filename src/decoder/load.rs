@@ -1,11 +1,16 @@
-//! Loading a Llama-family GGUF model onto the GPU: hyper-parameters, weights (dequantized to
-//! f32 on load), and the tokenizer.
+//! Loading a Llama-family GGUF model onto the GPU: hyper-parameters, weights (matrices in their
+//! block format, tensor by tensor from the memory-mapped file: [`GgufSource`]), and the
+//! tokenizer. [`host_weights`] dequantizes a model to f32 on the host instead (for the CPU
+//! reference).
 
+use std::borrow::Cow;
 use std::path::Path;
 
+use super::blocks::SUPPORTED;
 use super::gguf::{GgufFile, LlamaHyper};
 use super::model::{Decoder, DecoderConfig, HostLayer, HostWeights};
 use super::tokenizer::Tokenizer;
+use super::weights::{LayerMatrix, MatrixData, WeightSource};
 use crate::gpu::Context;
 use crate::rope::RopeStyle;
 use crate::shader::Precision;
@@ -98,8 +103,71 @@ pub fn host_weights(
     Ok((config, weights))
 }
 
-/// Reads the GGUF file at `path`, dequantizes its weights and uploads them; `progress(done,
-/// total)` counts tensors. `precision` is the attention kernel's.
+/// A GGUF file as a [`WeightSource`]: each matrix of a type the quantized product reads (rows a
+/// multiple of 32 values) is handed out as its bytes, borrowed from the mapped file, so it goes
+/// to the GPU in its block format; any other matrix is dequantized to f32. Norms are f32.
+#[derive(Debug, Clone, Copy)]
+pub struct GgufSource<'a> {
+    file: &'a GgufFile,
+    tied: bool,
+}
+
+impl<'a> GgufSource<'a> {
+    /// The weights of `file`, whose hyper-parameters are `hyper` (checked with
+    /// [`LlamaHyper::check_tensors`] first).
+    pub fn new(file: &'a GgufFile, hyper: &LlamaHyper) -> Result<Self> {
+        hyper.check_tensors(file)?;
+        Ok(Self {
+            file,
+            tied: hyper.tied_embeddings,
+        })
+    }
+
+    fn matrix_named(&self, name: &str) -> Result<MatrixData<'a>> {
+        let t = self
+            .file
+            .tensor(name)
+            .ok_or_else(|| Error::Gguf(format!("tensor {name} is missing")))?;
+        if SUPPORTED.contains(&t.ggml_type) && t.row_len() % 32 == 0 {
+            Ok(MatrixData::Blocks {
+                ty: t.ggml_type,
+                bytes: self.file.tensor_data(name)?,
+            })
+        } else {
+            Ok(MatrixData::F32(Cow::Owned(self.file.tensor_f32(name)?)))
+        }
+    }
+}
+
+impl WeightSource for GgufSource<'_> {
+    fn embedding(&self) -> Result<MatrixData<'_>> {
+        self.matrix_named("token_embd.weight")
+    }
+
+    fn output(&self) -> Result<Option<MatrixData<'_>>> {
+        if self.tied {
+            return Ok(None);
+        }
+        self.matrix_named("output.weight").map(Some)
+    }
+
+    fn final_norm(&self) -> Result<Vec<f32>> {
+        self.file.tensor_f32("output_norm.weight")
+    }
+
+    fn norms(&self, layer: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let t = |what: &str| self.file.tensor_f32(&format!("blk.{layer}.{what}.weight"));
+        Ok((t("attn_norm")?, t("ffn_norm")?))
+    }
+
+    fn matrix(&self, layer: usize, which: LayerMatrix) -> Result<MatrixData<'_>> {
+        self.matrix_named(&format!("blk.{layer}.{}.weight", which.gguf_name()))
+    }
+}
+
+/// Maps the GGUF file at `path` and uploads its weights tensor by tensor, matrices in their
+/// block format ([`GgufSource`]); `progress(done, total)` counts tensors. `precision` is the
+/// attention kernel's.
 pub fn load_gguf(
     ctx: &Context,
     path: impl AsRef<Path>,
@@ -116,8 +184,9 @@ pub fn load_gguf(
             hyper.vocab_size
         )));
     }
-    let (config, weights) = host_weights(&file, &hyper, None, progress)?;
-    let model = Decoder::upload(ctx, config, &weights, precision)?;
+    let config = decoder_config(&hyper)?;
+    let source = GgufSource::new(&file, &hyper)?;
+    let model = Decoder::upload_from(ctx, config, &source, precision, progress)?;
     Ok(LoadedModel {
         model,
         tokenizer,

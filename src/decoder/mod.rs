@@ -14,3 +14,4 @@ pub mod quality;
 pub mod sampling;
 pub mod tokenizer;
 pub mod toy;
+pub mod weights;

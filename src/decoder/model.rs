@@ -2,8 +2,8 @@
 //! RoPE, `append_kv` into a [`PagedKvCache`], paged attention, SwiGLU MLP, logits. Every
 //! per-token computation runs on the GPU; the host plans the step and reads the logits back.
 //!
-//! Weights are f32 on the GPU, each matrix `[out, in]` row-major (the GGUF / PyTorch layout:
-//! `y = W x`). One [`Decoder::forward`] step takes, per sequence, its new tokens (a prompt
+//! Each matrix is `[out, in]` row-major (the GGUF / PyTorch layout: `y = W x`), on the GPU in
+//! f32 or in its GGUF block format ([`super::weights`]). One [`Decoder::forward`] step takes, per sequence, its new tokens (a prompt
 //! chunk, or one token when decoding), appends their K/V to the cache at positions following
 //! what the sequence already holds, and returns the logits of each sequence's last new token.
 //! It also counts the step's FLOPs (a multiply-add is 2): the matrix products and attention's
@@ -24,12 +24,12 @@ use crate::cache::append_kv::SourceDtype;
 use crate::cache::append_plan::{AppendIo, AppendPlan};
 use crate::cache::paged::{AppendBatch, PagedKvCache, PagedKvConfig};
 use crate::decoder::ops::add::{prepare_add, AddArgs};
-use crate::decoder::ops::embed::{embed_host_check, prepare_embed, EmbedArgs};
+use crate::decoder::ops::embed::embed_host_check;
 use crate::decoder::ops::rms_norm::{prepare_rms_norm, RmsNormArgs};
 use crate::decoder::ops::swiglu::{prepare_swiglu, SwigluArgs};
 use crate::decoder::ops::PreparedOp;
+use crate::decoder::weights::{GpuMatrix, LayerMatrix, Product, WeightSource};
 use crate::gpu::{Context, Readback};
-use crate::matmul::{Linear, PreparedMatmul};
 use crate::quant::KvDtype;
 use crate::rope::{PreparedRope, Rope, RopeArgs, RopeConfig, RopeStyle, RopeTables};
 use crate::shader::Precision;
@@ -208,18 +208,18 @@ impl HostWeights {
     }
 }
 
-/// One layer's weights on the GPU.
+/// One layer's weights on the GPU: its norms, and its matrices in [`LayerMatrix::ALL`] order.
 #[derive(Debug)]
 struct GpuLayer {
     attn_norm: wgpu::Buffer,
-    wq: wgpu::Buffer,
-    wk: wgpu::Buffer,
-    wv: wgpu::Buffer,
-    wo: wgpu::Buffer,
     ffn_norm: wgpu::Buffer,
-    w_gate: wgpu::Buffer,
-    w_up: wgpu::Buffer,
-    w_down: wgpu::Buffer,
+    matrices: Vec<GpuMatrix>,
+}
+
+impl GpuLayer {
+    fn matrix(&self, which: LayerMatrix) -> &GpuMatrix {
+        &self.matrices[which.index()]
+    }
 }
 
 /// Which tokens of a step get logits.
@@ -277,10 +277,12 @@ impl PendingStep {
 pub struct Decoder {
     config: DecoderConfig,
     precision: Precision,
-    embed: wgpu::Buffer,
+    embed: GpuMatrix,
     layers: Vec<GpuLayer>,
     final_norm: wgpu::Buffer,
-    lm_head: Option<wgpu::Buffer>,
+    lm_head: Option<GpuMatrix>,
+    /// Bytes of every weight on the GPU.
+    weight_bytes: u64,
     /// RoPE's turns tables for the queries and the keys (uploaded once).
     rope_q: RopeTables,
     rope_k: RopeTables,
@@ -375,14 +377,14 @@ fn whole(buffer: &wgpu::Buffer) -> wgpu::BufferBinding<'_> {
 #[derive(Debug)]
 struct LayerStep {
     attn_norm: PreparedOp,
-    q: PreparedMatmul,
-    k: PreparedMatmul,
-    v: PreparedMatmul,
-    o: PreparedMatmul,
+    q: Product,
+    k: Product,
+    v: Product,
+    o: Product,
     ffn_norm: PreparedOp,
-    gate: PreparedMatmul,
-    up: PreparedMatmul,
-    down: PreparedMatmul,
+    gate: Product,
+    up: Product,
+    down: Product,
 }
 
 /// Everything a step of one shape records, made once: the prepared ops with their bind
@@ -401,7 +403,7 @@ struct Step {
     layers: Vec<LayerStep>,
     final_norm: PreparedOp,
     /// The logits: one product for every row ([`Logits::All`]) or one per sequence's last row.
-    head: Vec<PreparedMatmul>,
+    head: Vec<Product>,
     logits: wgpu::Buffer,
     readback: Arc<Readback>,
     attention: PagedAttentionPlan,
@@ -435,42 +437,108 @@ impl Decoder {
     ) -> Result<Self> {
         config.validate()?;
         weights.validate(&config)?;
+        Self::upload_from(ctx, config, weights, precision, |_, _| {})
+    }
+
+    /// Uploads the weights `source` hands out, one tensor at a time, checking each against
+    /// `config`: matrices in a GGUF block format stay in it on the GPU (see
+    /// [`super::weights`]). `progress(done, total)` is called after each tensor.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `config` is invalid, a tensor has the wrong size or a
+    /// block matrix's rows are not a multiple of 32 values; [`Error::MissingFeature`] for
+    /// [`Precision::F16`] without `SHADER_F16`; the source's errors; [`Error::Wgpu`] from wgpu.
+    pub fn upload_from(
+        ctx: &Context,
+        config: DecoderConfig,
+        source: &dyn WeightSource,
+        precision: Precision,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Self> {
+        config.validate()?;
         if precision == Precision::F16 && !ctx.caps().shader_f16 {
             return Err(Error::MissingFeature("shader-f16"));
         }
-        let up = |what: &str, x: &[f32]| ctx.upload(what, x);
-        let layers = weights
-            .layers
-            .iter()
-            .map(|l| {
-                Ok(GpuLayer {
-                    attn_norm: up("attn_norm", &l.attn_norm)?,
-                    wq: up("wq", &l.wq)?,
-                    wk: up("wk", &l.wk)?,
-                    wv: up("wv", &l.wv)?,
-                    wo: up("wo", &l.wo)?,
-                    ffn_norm: up("ffn_norm", &l.ffn_norm)?,
-                    w_gate: up("w_gate", &l.w_gate)?,
-                    w_up: up("w_up", &l.w_up)?,
-                    w_down: up("w_down", &l.w_down)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let c = config;
+        let total = 3 + (2 + LayerMatrix::ALL.len()) * c.layers;
+        let mut done = 0;
+        let mut tick = || {
+            done += 1;
+            progress(done, total);
+        };
+        let vector = |what: &str, x: Vec<f32>| -> Result<wgpu::Buffer> {
+            if x.len() != c.d_model {
+                return Err(Error::InvalidArgument(format!(
+                    "{what}: {} values, expected d_model = {}",
+                    x.len(),
+                    c.d_model
+                )));
+            }
+            ctx.upload(what, &x)
+        };
+        let mut bytes = 0u64;
+        let embed =
+            GpuMatrix::upload(ctx, "embedding", &source.embedding()?, (c.vocab, c.d_model))?;
+        bytes += embed.gpu_bytes();
+        tick();
+        let lm_head = match source.output()? {
+            Some(data) => {
+                let m = GpuMatrix::upload(ctx, "output projection", &data, (c.vocab, c.d_model))?;
+                bytes += m.gpu_bytes();
+                Some(m)
+            }
+            None => None,
+        };
+        tick();
+        let final_norm = vector("final norm", source.final_norm()?)?;
+        bytes += final_norm.size();
+        tick();
+        let mut layers = Vec::with_capacity(c.layers);
+        for i in 0..c.layers {
+            let (attn, ffn) = source.norms(i)?;
+            let attn_norm = vector("attn_norm", attn)?;
+            let ffn_norm = vector("ffn_norm", ffn)?;
+            bytes += attn_norm.size() + ffn_norm.size();
+            tick();
+            tick();
+            let mut matrices = Vec::with_capacity(LayerMatrix::ALL.len());
+            for which in LayerMatrix::ALL {
+                let shape = match which {
+                    LayerMatrix::Q => (c.q_dim(), c.d_model),
+                    LayerMatrix::K | LayerMatrix::V => (c.kv_dim(), c.d_model),
+                    LayerMatrix::O => (c.d_model, c.q_dim()),
+                    LayerMatrix::Gate | LayerMatrix::Up => (c.ffn, c.d_model),
+                    LayerMatrix::Down => (c.d_model, c.ffn),
+                };
+                let what = format!("layer {i} {}", which.gguf_name());
+                let m = GpuMatrix::upload(ctx, &what, &source.matrix(i, which)?, shape)?;
+                bytes += m.gpu_bytes();
+                matrices.push(m);
+                tick();
+            }
+            layers.push(GpuLayer {
+                attn_norm,
+                ffn_norm,
+                matrices,
+            });
+        }
         Ok(Self {
             config,
             precision,
-            embed: up("embedding", &weights.embed)?,
+            embed,
             layers,
-            final_norm: up("final norm", &weights.final_norm)?,
-            lm_head: weights
-                .lm_head
-                .as_deref()
-                .map(|h| up("output projection", h))
-                .transpose()?,
+            final_norm,
+            lm_head,
+            weight_bytes: bytes,
             rope_q: RopeTables::new(ctx, &config.rope(config.n_heads))?,
             rope_k: RopeTables::new(ctx, &config.rope(config.n_kv_heads))?,
             steps: Mutex::new(StepCache::default()),
         })
+    }
+
+    /// Bytes of every weight on the GPU (matrices in their block format, norms in f32).
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
     }
 
     /// The model's shape.
@@ -759,21 +827,12 @@ impl Decoder {
         let c = self.config;
         let (t, d) = (shape.tokens(), c.d_model);
         let mut flops = 0u64;
-        let mut linear = |spec: Linear<'_>| -> Result<PreparedMatmul> {
-            let prepared = spec.prepare(ctx)?;
-            flops += prepared.flops();
-            Ok(prepared)
+        let mut product = |m: &GpuMatrix, x, rows: (usize, usize, usize), y| -> Result<Product> {
+            let p = m.prepare(ctx, x, rows, y)?;
+            flops += p.flops();
+            Ok(p)
         };
-        let dense = |x, k, w, n, y| Linear {
-            x,
-            x_row: 0,
-            rows: t,
-            k,
-            w,
-            n,
-            y,
-            y_row: 0,
-        };
+        let all = (0, t, 0);
         let norm = |weight, out| RmsNormArgs {
             rows: t,
             dim: d,
@@ -784,16 +843,17 @@ impl Decoder {
         };
         let mut layers = Vec::with_capacity(c.layers);
         for w in &self.layers {
+            let m = |which| w.matrix(which);
             layers.push(LayerStep {
                 attn_norm: prepare_rms_norm(ctx, &norm(&w.attn_norm, &s.h))?,
-                q: linear(dense(&s.h, d, &w.wq, c.q_dim(), &s.q))?,
-                k: linear(dense(&s.h, d, &w.wk, c.kv_dim(), &s.k))?,
-                v: linear(dense(&s.h, d, &w.wv, c.kv_dim(), &s.v))?,
-                o: linear(dense(&s.attn, c.q_dim(), &w.wo, d, &s.proj))?,
+                q: product(m(LayerMatrix::Q), &s.h, all, &s.q)?,
+                k: product(m(LayerMatrix::K), &s.h, all, &s.k)?,
+                v: product(m(LayerMatrix::V), &s.h, all, &s.v)?,
+                o: product(m(LayerMatrix::O), &s.attn, all, &s.proj)?,
                 ffn_norm: prepare_rms_norm(ctx, &norm(&w.ffn_norm, &s.h))?,
-                gate: linear(dense(&s.h, d, &w.w_gate, c.ffn, &s.gate))?,
-                up: linear(dense(&s.h, d, &w.w_up, c.ffn, &s.up))?,
-                down: linear(dense(&s.act, c.ffn, &w.w_down, d, &s.proj))?,
+                gate: product(m(LayerMatrix::Gate), &s.h, all, &s.gate)?,
+                up: product(m(LayerMatrix::Up), &s.h, all, &s.up)?,
+                down: product(m(LayerMatrix::Down), &s.act, all, &s.proj)?,
             });
         }
         let rows = shape.rows();
@@ -801,19 +861,14 @@ impl Decoder {
         let head_w = self.lm_head.as_ref().unwrap_or(&self.embed);
         let mut head = Vec::new();
         match shape.which {
-            Logits::All => head.push(linear(dense(&s.h, d, head_w, c.vocab, &logits))?),
+            Logits::All => head.push(product(head_w, &s.h, all, &logits)?),
             Logits::Last => {
                 // One product per sequence's last row (the same product a step of that
                 // sequence alone runs, so batching changes no bit).
                 let mut row = 0;
                 for (i, &len) in shape.lens.iter().enumerate() {
                     row += len;
-                    head.push(linear(Linear {
-                        x_row: row - 1,
-                        rows: 1,
-                        y_row: i,
-                        ..dense(&s.h, d, head_w, c.vocab, &logits)
-                    })?);
+                    head.push(product(head_w, &s.h, (row - 1, 1, i), &logits)?);
                 }
             }
         }
@@ -825,17 +880,7 @@ impl Decoder {
             out: whole(out),
         };
         Ok(Step {
-            embed: prepare_embed(
-                ctx,
-                &EmbedArgs {
-                    tokens: &s.ids,
-                    n_tokens: t,
-                    dim: d,
-                    vocab: c.vocab,
-                    table: &self.embed,
-                    out: &s.x,
-                },
-            )?,
+            embed: self.embed.prepare_gather(ctx, &s.ids, t, &s.x)?,
             rope_q: Rope::prepare(ctx, &rope(&self.rope_q, &s.q, &s.q_rot))?,
             rope_k: Rope::prepare(ctx, &rope(&self.rope_k, &s.k, &s.k_rot))?,
             residual: prepare_add(

@@ -1,12 +1,14 @@
 //! The quantized matrix product (`kvattn::decoder::ops::qmatmul`) against its CPU reference for
-//! every GGUF block type on odd shapes; a row's bits alone and in every batch; a weight and
+//! every GGUF block type on odd shapes, both invocation mappings with the same bits; a row's bits alone and in every batch; a weight and
 //! operands split over several bindings; bad input refused before anything is written.
 
 use half::{bf16, f16};
 use kvattn::decoder::blocks::SUPPORTED;
 use kvattn::decoder::gguf::GgmlType;
 use kvattn::decoder::ops::qembed::{qembed, QEmbedArgs};
-use kvattn::decoder::ops::qmatmul::{qmatmul, QMatmulArgs, QWeight};
+use kvattn::decoder::ops::qmatmul::{
+    prepare_qmatmul_mapped, qmatmul, QMatmulArgs, QMatmulMapping, QWeight,
+};
 use kvattn::gpu::{Context, UNWRITTEN, UNWRITTEN_BITS};
 use kvattn::reference::qmatmul as cpu;
 use kvattn::Error;
@@ -24,7 +26,7 @@ fn scale_fields(ty: GgmlType) -> &'static [usize] {
 }
 
 /// `n` rows of `k` random values of `ty` in the file's layout: random codes, finite scales.
-fn random_weight(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> Vec<u8> {
+pub(crate) fn random_weight(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> Vec<u8> {
     let values = n * k;
     match ty {
         GgmlType::F32 => rng
@@ -81,17 +83,34 @@ fn run(
 ) -> Vec<f32> {
     let (n, _) = w.shape();
     let xb = ctx.upload("x", x).unwrap();
-    let yb = ctx.filled("y", y_rows * n, UNWRITTEN).unwrap();
-    let args = QMatmulArgs {
-        x: &xb,
-        x_row,
-        rows,
-        w,
-        y: &yb,
-        y_row,
-    };
-    qmatmul(ctx, &args).unwrap_or_else(|e| panic!("{}: {e}", w.ggml_type()));
-    ctx.read_back::<f32>(&yb, y_rows * n).unwrap()
+    let mut outs = Vec::new();
+    for mapping in [QMatmulMapping::Lanes, QMatmulMapping::Rows] {
+        let yb = ctx.filled("y", y_rows * n, UNWRITTEN).unwrap();
+        let args = QMatmulArgs {
+            x: &xb,
+            x_row,
+            rows,
+            w,
+            y: &yb,
+            y_row,
+        };
+        let op = prepare_qmatmul_mapped(ctx, &args, mapping)
+            .unwrap_or_else(|e| panic!("{}: {e}", w.ggml_type()));
+        ctx.run_pass("qmatmul", |pass| {
+            op.encode(pass);
+            Ok(())
+        })
+        .unwrap();
+        outs.push(ctx.read_back::<f32>(&yb, y_rows * n).unwrap());
+    }
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&outs[0]),
+        bits(&outs[1]),
+        "{}: the lane and row mappings differ",
+        w.ggml_type()
+    );
+    outs.swap_remove(0)
 }
 
 /// The CPU reference in both roundings of `fma` (fused, then product-and-sum) and each

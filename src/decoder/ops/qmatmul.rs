@@ -27,8 +27,14 @@ use crate::{Error, Result};
 
 pub use crate::reference::qmatmul::{CHUNK, LANES};
 
-/// Rows of `W` per workgroup (the kernel's `NCOL`).
-pub const ROWS_OF_W: usize = 4;
+/// Lane groups per workgroup (the kernel's `GROUPS`).
+const GROUPS: usize = 4;
+/// Rows of `W` per lane group (the kernel's `WROWS`, one per component of a vec4).
+const W_ROWS: usize = 4;
+/// Rows of `W` per workgroup (lane mapping).
+pub const ROWS_OF_W: usize = GROUPS * W_ROWS;
+/// Invocations per workgroup of the row mapping (the kernel's `ROW_WG`).
+const ROW_WG: usize = 16;
 /// Most rows of `x` per workgroup (the kernel's largest `ROWS`).
 pub const MAX_X_ROWS: usize = 8;
 
@@ -271,9 +277,10 @@ pub(crate) fn format_constants(ty: GgmlType) -> Vec<(&'static str, f64)> {
     ]
 }
 
-fn constants(ty: GgmlType, x_rows: usize) -> Vec<(&'static str, f64)> {
+fn constants(ty: GgmlType, x_rows: usize, row_major: bool) -> Vec<(&'static str, f64)> {
     let mut c = format_constants(ty);
     c.push(("ROWS", x_rows as f64));
+    c.push(("ROW_MAJOR", f64::from(u8::from(row_major))));
     c
 }
 
@@ -281,12 +288,41 @@ fn constants(ty: GgmlType, x_rows: usize) -> Vec<(&'static str, f64)> {
 pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
     crate::decoder::blocks::SUPPORTED
         .iter()
-        .flat_map(|&ty| [constants(ty, 1), constants(ty, MAX_X_ROWS)])
+        .flat_map(|&ty| {
+            [false, true].map(|rm| [constants(ty, 1, rm), constants(ty, MAX_X_ROWS, rm)])
+        })
+        .flatten()
         .collect()
 }
 
+/// How the kernel's invocations share the work; both give every output the same bits (the
+/// same partials in the same order, then the same tree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QMatmulMapping {
+    /// 16 lanes split a row of `W`, the partials added through workgroup memory (GPUs).
+    Lanes,
+    /// An invocation owns whole rows of `W` and computes their 16 partials one after the
+    /// other, one row of x at a time (one-row products on CPU adapters, where loads are
+    /// costly and barriers expensive).
+    Rows,
+}
+
+impl QMatmulMapping {
+    /// The mapping [`prepare_qmatmul`] picks for a product of `rows` rows on the context's
+    /// adapter: [`Rows`](Self::Rows) for one row on a CPU adapter, else
+    /// [`Lanes`](Self::Lanes) (which decodes each weight once for up to 8 rows of x).
+    pub fn for_adapter(ctx: &Context, rows: usize) -> Self {
+        if ctx.caps().cpu_adapter && rows == 1 {
+            Self::Rows
+        } else {
+            Self::Lanes
+        }
+    }
+}
+
 /// Checks `args` and prepares the product: one dispatch per part of the weight and per slice
-/// of rows that fits a storage binding and the workgroup grid.
+/// of rows that fits a storage binding and the workgroup grid. The mapping is the adapter's
+/// ([`QMatmulMapping::for_adapter`]).
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] when `rows` is 0, a buffer lacks `STORAGE` usage, `y` is `x`, or
@@ -294,6 +330,18 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
 /// when one row of x or y exceeds a storage binding; [`Error::Wgpu`] or [`Error::Shader`]
 /// from wgpu. Nothing is created before every check has passed.
 pub fn prepare_qmatmul(ctx: &Context, args: &QMatmulArgs<'_>) -> Result<PreparedOp> {
+    prepare_qmatmul_mapped(ctx, args, QMatmulMapping::for_adapter(ctx, args.rows))
+}
+
+/// [`prepare_qmatmul`] with the mapping `mapping` (tests compare the two).
+///
+/// # Errors
+/// Those of [`prepare_qmatmul`].
+pub fn prepare_qmatmul_mapped(
+    ctx: &Context,
+    args: &QMatmulArgs<'_>,
+    mapping: QMatmulMapping,
+) -> Result<PreparedOp> {
     let QMatmulArgs {
         x,
         x_row,
@@ -323,6 +371,12 @@ pub fn prepare_qmatmul(ctx: &Context, args: &QMatmulArgs<'_>) -> Result<Prepared
     fit(x_end)?;
     fit(y_end)?;
     let x_rows = x_rows_per_group(rows);
+    let row_major = mapping == QMatmulMapping::Rows;
+    let w_per_group = if row_major {
+        ROW_WG * W_ROWS
+    } else {
+        ROWS_OF_W
+    };
     let max_groups = ctx.caps().max_compute_workgroups_per_dimension as usize;
     let per_slice = (per_binding / k)
         .min(per_binding / n)
@@ -346,14 +400,18 @@ pub fn prepare_qmatmul(ctx: &Context, args: &QMatmulArgs<'_>) -> Result<Prepared
                 y_base: ys.base,
                 _pad0: 0,
             };
-            let grid = [nr.div_ceil(ROWS_OF_W) as u32, nt.div_ceil(x_rows) as u32, 1];
+            let grid = [
+                nr.div_ceil(w_per_group) as u32,
+                nt.div_ceil(x_rows) as u32,
+                1,
+            ];
             plans.push((part, params, xs, ys, grid));
         }
         t0 += nt;
     }
     let key = PipelineKey::new(
         ShaderVariant::new(Kernel::QMatmul, Precision::F32),
-        &constants(w.ty, x_rows),
+        &constants(w.ty, x_rows, row_major),
     );
     let pipeline = ctx.pipeline(&key)?;
     let mut uniforms = Vec::with_capacity(plans.len());

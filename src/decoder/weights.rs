@@ -1,0 +1,314 @@
+//! Where a decoder's weights come from and how they sit on the GPU.
+//!
+//! A [`WeightSource`] hands the decoder one tensor at a time: norms as f32 vectors, matrices
+//! (`[out, in]` row-major, `y = W x`) as f32 values ([`HostWeights`]) or as a GGUF tensor's
+//! bytes in its block format ([`MatrixData::Blocks`], borrowed from the memory-mapped file).
+//! Block matrices stay in their format on the GPU ([`QWeight`], read by the quantized product
+//! and the embedding gather); f32 matrices whose rows are not a multiple of 32 values go
+//! through the dense product ([`crate::matmul::Linear`]), which takes any shape.
+
+use std::borrow::Cow;
+
+use super::gguf::GgmlType;
+use super::model::HostWeights;
+use super::ops::qembed::{prepare_qembed, QEmbedArgs};
+use super::ops::qmatmul::{prepare_qmatmul, QMatmulArgs, QWeight, CHUNK};
+use super::ops::PreparedOp;
+use crate::decoder::ops::embed::{prepare_embed, EmbedArgs};
+use crate::gpu::Context;
+use crate::matmul::{Linear, PreparedMatmul};
+use crate::{Error, Result};
+
+/// A matrix of one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerMatrix {
+    /// `[n_heads * head_dim, d_model]`.
+    Q,
+    /// `[n_kv_heads * head_dim, d_model]`.
+    K,
+    /// `[n_kv_heads * head_dim, d_model]`.
+    V,
+    /// `[d_model, n_heads * head_dim]`.
+    O,
+    /// `[ffn, d_model]`.
+    Gate,
+    /// `[ffn, d_model]`.
+    Up,
+    /// `[d_model, ffn]`.
+    Down,
+}
+
+impl LayerMatrix {
+    /// Every layer matrix, in the order a layer uses them.
+    pub const ALL: [LayerMatrix; 7] = [
+        LayerMatrix::Q,
+        LayerMatrix::K,
+        LayerMatrix::V,
+        LayerMatrix::O,
+        LayerMatrix::Gate,
+        LayerMatrix::Up,
+        LayerMatrix::Down,
+    ];
+
+    /// The matrix's place in [`LayerMatrix::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            LayerMatrix::Q => 0,
+            LayerMatrix::K => 1,
+            LayerMatrix::V => 2,
+            LayerMatrix::O => 3,
+            LayerMatrix::Gate => 4,
+            LayerMatrix::Up => 5,
+            LayerMatrix::Down => 6,
+        }
+    }
+
+    /// The GGUF tensor name's part (`attn_q`, ...).
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            LayerMatrix::Q => "attn_q",
+            LayerMatrix::K => "attn_k",
+            LayerMatrix::V => "attn_v",
+            LayerMatrix::O => "attn_output",
+            LayerMatrix::Gate => "ffn_gate",
+            LayerMatrix::Up => "ffn_up",
+            LayerMatrix::Down => "ffn_down",
+        }
+    }
+}
+
+/// A matrix's values as a source holds them.
+#[derive(Debug, Clone)]
+pub enum MatrixData<'a> {
+    /// f32 values, row-major.
+    F32(Cow<'a, [f32]>),
+    /// A GGUF tensor's bytes, as the file stores them.
+    Blocks {
+        /// The tensor's type.
+        ty: GgmlType,
+        /// Its bytes.
+        bytes: &'a [u8],
+    },
+}
+
+/// The tensors of a decoder, one at a time (see the module docs).
+pub trait WeightSource {
+    /// The token embedding `[vocab, d_model]` (also the output projection when tied).
+    fn embedding(&self) -> Result<MatrixData<'_>>;
+    /// The output projection `[vocab, d_model]`; `None` when tied to the embedding.
+    fn output(&self) -> Result<Option<MatrixData<'_>>>;
+    /// The final RMSNorm weight `[d_model]`.
+    fn final_norm(&self) -> Result<Vec<f32>>;
+    /// Layer `layer`'s RMSNorm weights before attention and before the MLP, `[d_model]` each.
+    fn norms(&self, layer: usize) -> Result<(Vec<f32>, Vec<f32>)>;
+    /// Layer `layer`'s matrix `which`.
+    fn matrix(&self, layer: usize, which: LayerMatrix) -> Result<MatrixData<'_>>;
+}
+
+impl WeightSource for HostWeights {
+    fn embedding(&self) -> Result<MatrixData<'_>> {
+        Ok(MatrixData::F32(Cow::Borrowed(&self.embed)))
+    }
+
+    fn output(&self) -> Result<Option<MatrixData<'_>>> {
+        Ok(self
+            .lm_head
+            .as_deref()
+            .map(|h| MatrixData::F32(Cow::Borrowed(h))))
+    }
+
+    fn final_norm(&self) -> Result<Vec<f32>> {
+        Ok(self.final_norm.clone())
+    }
+
+    fn norms(&self, layer: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let l = &self.layers[layer];
+        Ok((l.attn_norm.clone(), l.ffn_norm.clone()))
+    }
+
+    fn matrix(&self, layer: usize, which: LayerMatrix) -> Result<MatrixData<'_>> {
+        let l = &self.layers[layer];
+        let m = match which {
+            LayerMatrix::Q => &l.wq,
+            LayerMatrix::K => &l.wk,
+            LayerMatrix::V => &l.wv,
+            LayerMatrix::O => &l.wo,
+            LayerMatrix::Gate => &l.w_gate,
+            LayerMatrix::Up => &l.w_up,
+            LayerMatrix::Down => &l.w_down,
+        };
+        Ok(MatrixData::F32(Cow::Borrowed(m)))
+    }
+}
+
+/// A matrix on the GPU.
+#[derive(Debug)]
+pub(crate) enum GpuMatrix {
+    /// f32 rows, through the dense product.
+    Dense {
+        buffer: wgpu::Buffer,
+        n: usize,
+        k: usize,
+    },
+    /// A block format (or f32 rows of a multiple of 32 values), through the quantized product.
+    Blocks(QWeight),
+}
+
+impl GpuMatrix {
+    /// Uploads `data`, `n` rows of `k` values (`what` names it in errors).
+    pub fn upload(
+        ctx: &Context,
+        what: &str,
+        data: &MatrixData<'_>,
+        (n, k): (usize, usize),
+    ) -> Result<Self> {
+        match data {
+            MatrixData::F32(values) => {
+                if values.len() != n * k {
+                    return Err(Error::InvalidArgument(format!(
+                        "{what}: {} values, expected {n} x {k}",
+                        values.len()
+                    )));
+                }
+                Ok(Self::Dense {
+                    buffer: ctx.upload(what, values)?,
+                    n,
+                    k,
+                })
+            }
+            MatrixData::Blocks { ty, bytes } => {
+                if k % CHUNK != 0 || k as u64 % ty.block_size() != 0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "{what}: rows of {k} values of {ty} (the quantized product needs a \
+                         multiple of {CHUNK} and of the block size)"
+                    )));
+                }
+                QWeight::upload(ctx, what, *ty, (n, k), bytes)
+                    .map(Self::Blocks)
+                    .map_err(|e| match e {
+                        Error::ShapeMismatch { expected, got, .. } => Error::InvalidArgument(
+                            format!("{what}: {got} bytes, {n} x {k} {ty} values need {expected}"),
+                        ),
+                        other => other,
+                    })
+            }
+        }
+    }
+
+    /// Bytes on the GPU.
+    pub fn gpu_bytes(&self) -> u64 {
+        match self {
+            Self::Dense { buffer, .. } => buffer.size(),
+            Self::Blocks(w) => w.gpu_bytes(),
+        }
+    }
+
+    /// `y[y_row + t] = W x[x_row + t]` for `t < rows`, prepared.
+    pub fn prepare(
+        &self,
+        ctx: &Context,
+        x: &wgpu::Buffer,
+        (x_row, rows, y_row): (usize, usize, usize),
+        y: &wgpu::Buffer,
+    ) -> Result<Product> {
+        match self {
+            Self::Dense { buffer, n, k } => {
+                let linear = Linear {
+                    x,
+                    x_row,
+                    rows,
+                    k: *k,
+                    w: buffer,
+                    n: *n,
+                    y,
+                    y_row,
+                };
+                Ok(Product::Dense(linear.prepare(ctx)?))
+            }
+            Self::Blocks(w) => {
+                let args = QMatmulArgs {
+                    x,
+                    x_row,
+                    rows,
+                    w,
+                    y,
+                    y_row,
+                };
+                let (n, k) = w.shape();
+                Ok(Product::Blocks {
+                    op: prepare_qmatmul(ctx, &args)?,
+                    flops: 2 * (rows * n * k) as u64,
+                })
+            }
+        }
+    }
+
+    /// The gather `out[t] = W[tokens[t]]` for `t < n_tokens` (the embedding), prepared.
+    pub fn prepare_gather(
+        &self,
+        ctx: &Context,
+        tokens: &wgpu::Buffer,
+        n_tokens: usize,
+        out: &wgpu::Buffer,
+    ) -> Result<PreparedOp> {
+        match self {
+            Self::Dense { buffer, n, k } => prepare_embed(
+                ctx,
+                &EmbedArgs {
+                    tokens,
+                    n_tokens,
+                    dim: *k,
+                    vocab: *n,
+                    table: buffer,
+                    out,
+                },
+            ),
+            Self::Blocks(table) => prepare_qembed(
+                ctx,
+                &QEmbedArgs {
+                    tokens,
+                    n_tokens,
+                    table,
+                    out,
+                },
+            ),
+        }
+    }
+}
+
+/// A matrix product prepared for a step.
+#[derive(Debug)]
+pub(crate) enum Product {
+    Dense(PreparedMatmul),
+    Blocks { op: PreparedOp, flops: u64 },
+}
+
+impl Product {
+    /// Records the product (creates nothing).
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        match self {
+            Self::Dense(p) => p.encode(pass),
+            Self::Blocks { op, .. } => op.encode(pass),
+        }
+    }
+
+    /// FLOPs of one recording.
+    pub fn flops(&self) -> u64 {
+        match self {
+            Self::Dense(p) => p.flops(),
+            Self::Blocks { flops, .. } => *flops,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_matrices_are_numbered_in_order() {
+        for (i, m) in LayerMatrix::ALL.iter().enumerate() {
+            assert_eq!(m.index(), i);
+        }
+    }
+}

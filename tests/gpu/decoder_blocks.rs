@@ -1,0 +1,240 @@
+//! The decoder with its matrices in GGUF block formats on the GPU (a `WeightSource` handing
+//! out blocks, as a GGUF file does): every block type in some matrix of a three-layer model,
+//! logits against the CPU forward pass on the dequantized weights, and the batch invariance
+//! the f32 decoder has (decode steps and a recomputing prefill, alone and batched: same bits).
+
+use kvattn::cache::paged::{PagedKvCache, PoolSize};
+use kvattn::decoder::blocks::dequantize;
+use kvattn::decoder::gguf::GgmlType;
+use kvattn::decoder::model::{Decoder, DecoderConfig, HostLayer, HostWeights};
+use kvattn::decoder::toy::toy_config;
+use kvattn::decoder::weights::{LayerMatrix, MatrixData, WeightSource};
+use kvattn::quant::KvDtype;
+use kvattn::reference::llama::llama_logits;
+use kvattn::shader::Precision;
+use kvattn::Result;
+
+use crate::common::{gpu, max_abs_err, output_scale, Rng};
+use crate::qmatmul::random_weight;
+
+/// One matrix: its type and file bytes.
+type Blocks = (GgmlType, Vec<u8>);
+
+/// A model whose matrices are blocks, and the same model dequantized to f32.
+struct BlockModel {
+    embedding: Blocks,
+    output: Blocks,
+    layers: Vec<Vec<Blocks>>,
+    f32: HostWeights,
+}
+
+/// The type of matrix `which` of layer `layer`: together the layers use every block type
+/// (K-quants where the rows are 512 values, a multiple of 256).
+fn type_of(layer: usize, which: LayerMatrix) -> GgmlType {
+    use GgmlType::*;
+    match which {
+        LayerMatrix::Q => [Q4_0, Q5_0, Q8_0][layer],
+        LayerMatrix::K => [Q5_1, Q4_1, Q4_0][layer],
+        LayerMatrix::V => [Q8_0, F16, Q5_1][layer],
+        LayerMatrix::O => [Q4_1, Q8_0, BF16][layer],
+        LayerMatrix::Gate => [Q5_0, Q4_0, Q8_0][layer],
+        LayerMatrix::Up => [F16, BF16, F32][layer],
+        LayerMatrix::Down => [Q4_K, Q5_K, Q6_K][layer],
+    }
+}
+
+fn config() -> DecoderConfig {
+    DecoderConfig {
+        layers: 3,
+        ..toy_config(2)
+    }
+}
+
+fn block_model(c: &DecoderConfig, seed: u64) -> BlockModel {
+    let mut rng = Rng::new(seed);
+    let mut blocks = |ty: GgmlType, (n, k): (usize, usize)| -> (Blocks, Vec<f32>) {
+        let bytes = random_weight(&mut rng, ty, n, k);
+        let values = dequantize(ty, &bytes, n * k).unwrap();
+        ((ty, bytes), values)
+    };
+    let d = c.d_model;
+    let (embedding, embed) = blocks(GgmlType::Q8_0, (c.vocab, d));
+    let (output, lm_head) = blocks(GgmlType::Q4_1, (c.vocab, d));
+    let mut layers = Vec::new();
+    let mut host = Vec::new();
+    for layer in 0..c.layers {
+        let mut m = Vec::new();
+        let mut f = Vec::new();
+        for which in LayerMatrix::ALL {
+            let shape = match which {
+                LayerMatrix::Q => (c.q_dim(), d),
+                LayerMatrix::K | LayerMatrix::V => (c.kv_dim(), d),
+                LayerMatrix::O => (d, c.q_dim()),
+                LayerMatrix::Gate | LayerMatrix::Up => (c.ffn, d),
+                LayerMatrix::Down => (d, c.ffn),
+            };
+            let (b, v) = blocks(type_of(layer, which), shape);
+            m.push(b);
+            f.push(v);
+        }
+        let mut f = f.into_iter();
+        let mut next = || f.next().unwrap();
+        host.push(HostLayer {
+            attn_norm: vec![1.0; d],
+            wq: next(),
+            wk: next(),
+            wv: next(),
+            wo: next(),
+            ffn_norm: vec![1.0; d],
+            w_gate: next(),
+            w_up: next(),
+            w_down: next(),
+        });
+        layers.push(m);
+    }
+    BlockModel {
+        embedding,
+        output,
+        layers,
+        f32: HostWeights {
+            embed,
+            layers: host,
+            final_norm: vec![1.0; d],
+            lm_head: Some(lm_head),
+        },
+    }
+}
+
+fn blocks_of((ty, bytes): &Blocks) -> MatrixData<'_> {
+    MatrixData::Blocks { ty: *ty, bytes }
+}
+
+impl WeightSource for BlockModel {
+    fn embedding(&self) -> Result<MatrixData<'_>> {
+        Ok(blocks_of(&self.embedding))
+    }
+
+    fn output(&self) -> Result<Option<MatrixData<'_>>> {
+        Ok(Some(blocks_of(&self.output)))
+    }
+
+    fn final_norm(&self) -> Result<Vec<f32>> {
+        Ok(self.f32.final_norm.clone())
+    }
+
+    fn norms(&self, layer: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let l = &self.f32.layers[layer];
+        Ok((l.attn_norm.clone(), l.ffn_norm.clone()))
+    }
+
+    fn matrix(&self, layer: usize, which: LayerMatrix) -> Result<MatrixData<'_>> {
+        Ok(blocks_of(&self.layers[layer][which.index()]))
+    }
+}
+
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut r = Rng::new(seed);
+    (0..n)
+        .map(|_| (r.next_u64() % vocab as u64) as u32)
+        .collect()
+}
+
+#[test]
+fn block_weights_match_the_cpu_forward_pass_and_stay_in_their_format() {
+    let ctx = gpu();
+    let c = config();
+    let m = block_model(&c, 41);
+    let model = Decoder::upload_from(ctx, c, &m, Precision::F32, |_, _| {}).unwrap();
+    // The bytes on the GPU: the blocks (with their padding) and the f32 norms.
+    let file: usize = m.layers.iter().flatten().map(|b| b.1.len()).sum::<usize>()
+        + m.embedding.1.len()
+        + m.output.1.len();
+    let norms = (2 * c.layers + 1) * c.d_model * 4;
+    let gpu_bytes = model.weight_bytes() as usize;
+    assert!(
+        gpu_bytes >= file + norms && gpu_bytes as f64 <= (file + norms) as f64 * 1.15,
+        "{gpu_bytes} bytes on the GPU for {file} bytes of blocks and {norms} of norms"
+    );
+    let f32_model = Decoder::upload(ctx, c, &m.f32, Precision::F32).unwrap();
+    let f32_bytes = f32_model.weight_bytes() as usize;
+    assert!(
+        f32_bytes > 2 * gpu_bytes,
+        "{f32_bytes} bytes in f32 against {gpu_bytes} in blocks"
+    );
+    let mut cache =
+        PagedKvCache::new(ctx, c.kv_config(KvDtype::F32), PoolSize::Blocks(16)).unwrap();
+    cache.add_sequence(0, &[]).unwrap();
+    let ids = tokens(19, c.vocab, 3);
+    let mut upto = 16;
+    let mut got = model
+        .forward(ctx, &mut cache, &[(0, &ids[..upto])])
+        .unwrap();
+    loop {
+        let want = llama_logits(&c, &m.f32, &ids[..upto], None).unwrap();
+        let err = max_abs_err(&got.logits, &want);
+        let bound = 1e-4 * output_scale(&want);
+        assert!(
+            err <= bound,
+            "{upto} tokens: logit error {err:e} > {bound:e}"
+        );
+        if upto == ids.len() {
+            break;
+        }
+        got = model
+            .forward(ctx, &mut cache, &[(0, &ids[upto..upto + 1])])
+            .unwrap();
+        upto += 1;
+    }
+}
+
+#[test]
+fn block_weights_keep_decode_prefill_and_batch_bits() {
+    let ctx = gpu();
+    let c = config();
+    let m = block_model(&c, 43);
+    let model = Decoder::upload_from(ctx, c, &m, Precision::F32, |_, _| {}).unwrap();
+    let ids = tokens(21, c.vocab, 6);
+    let other = tokens(7, c.vocab, 7);
+    let new_cache = || {
+        let mut kv = c.kv_config(KvDtype::F16);
+        kv.block_size = 8;
+        let mut cache = PagedKvCache::new(ctx, kv, PoolSize::Blocks(16)).unwrap();
+        for s in 0..3 {
+            cache.add_sequence(s, &[]).unwrap();
+        }
+        cache
+    };
+    // Decode steps (one-row products) against a recomputing prefill (products of 21 rows).
+    let mut cache = new_cache();
+    model.forward(ctx, &mut cache, &[(0, &ids[..9])]).unwrap();
+    let mut last = None;
+    for i in 9..ids.len() {
+        last = Some(
+            model
+                .forward(ctx, &mut cache, &[(0, &ids[i..i + 1])])
+                .unwrap(),
+        );
+    }
+    let whole = model.forward(ctx, &mut cache, &[(1, &ids)]).unwrap();
+    assert_eq!(
+        last.unwrap().logits,
+        whole.logits,
+        "decode steps vs prefill logits"
+    );
+    for layer in 0..c.layers {
+        let (a, b) = (
+            cache.read_rows(ctx, 0, layer).unwrap(),
+            cache.read_rows(ctx, 1, layer).unwrap(),
+        );
+        assert_eq!(a, b, "layer {layer} K/V");
+    }
+    // The same prefill batched with another sequence's.
+    let batched = model
+        .forward(ctx, &mut cache, &[(2, &other), (1, &ids[..1])])
+        .unwrap();
+    let mut alone_cache = new_cache();
+    let alone = model
+        .forward(ctx, &mut alone_cache, &[(2, &other)])
+        .unwrap();
+    assert_eq!(alone.logits, batched.logits[..c.vocab], "alone vs batched");
+}
