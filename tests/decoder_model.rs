@@ -329,23 +329,37 @@ fn gpu_logits_match_the_cpu_forward_pass_on_four_layers() {
     assert_eq!(argmax(&got.logits), argmax(&want));
 }
 
+/// The model as `load_gguf` uploads it: matrices in their block format, from the mapped file.
+fn loaded(f: &GgufFile) -> kvattn::decoder::load::LoadedModel {
+    use kvattn::decoder::load::{decoder_config, GgufSource, LoadedModel};
+    use kvattn::decoder::model::Decoder;
+    let h = LlamaHyper::from_gguf(f).unwrap();
+    let config = decoder_config(&h).unwrap();
+    let source = GgufSource::new(f, &h).unwrap();
+    let model = Decoder::upload_from(
+        gpu(),
+        config,
+        &source,
+        kvattn::shader::Precision::F32,
+        |_, _| {},
+    )
+    .unwrap();
+    LoadedModel {
+        model,
+        tokenizer: Tokenizer::from_gguf(f).unwrap(),
+        hyper: h,
+    }
+}
+
 #[test]
 fn greedy_continues_the_capital_of_france_with_paris() {
     let Some(f) = model("greedy_continues_the_capital_of_france_with_paris") else {
         return;
     };
     use kvattn::decoder::generate::{generate_text, TextOptions};
-    use kvattn::decoder::load::{host_weights, LoadedModel};
-    use kvattn::decoder::model::Decoder;
     use kvattn::quant::KvDtype;
     let ctx = gpu();
-    let h = LlamaHyper::from_gguf(f).unwrap();
-    let (config, weights) = host_weights(f, &h, None, |_, _| {}).unwrap();
-    let loaded = LoadedModel {
-        model: Decoder::upload(ctx, config, &weights, kvattn::shader::Precision::F32).unwrap(),
-        tokenizer: Tokenizer::from_gguf(f).unwrap(),
-        hyper: h,
-    };
+    let loaded = loaded(f);
     for kv in [KvDtype::F16, KvDtype::Fp8E4M3] {
         let opts = TextOptions {
             prompt: "The capital of France is".into(),
@@ -358,5 +372,60 @@ fn greedy_continues_the_capital_of_france_with_paris() {
         println!("{kv}: {:?} -> {:?}", opts.prompt, stats.text);
         assert_eq!(stats.ids.first(), Some(&7042), "{kv}: {:?}", stats.text);
         assert!(stats.text.starts_with(" Paris"), "{kv}: {:?}", stats.text);
+    }
+}
+
+/// The raw prompt "def fibonacci(n):": the first 8 greedy tokens of the GPU decoder (block
+/// weights, f32 KV) are those of the CPU forward pass (f64 sums over the dequantized weights),
+/// checked in one teacher-forced CPU pass over the prompt and the GPU's tokens. A step whose two
+/// best CPU logits are within 1e-3 is a near-tie, where either token is right: it fails with a
+/// message saying so rather than passing or failing by chance.
+#[test]
+fn the_first_eight_greedy_tokens_of_fibonacci_equal_the_cpu_forward_pass() {
+    let Some(f) = model("the_first_eight_greedy_tokens_of_fibonacci_equal_the_cpu_forward_pass")
+    else {
+        return;
+    };
+    use kvattn::decoder::generate::{generate_text, TextOptions};
+    use kvattn::decoder::load::host_weights;
+    use kvattn::quant::KvDtype;
+    let ctx = gpu();
+    let loaded = loaded(f);
+    let opts = TextOptions {
+        prompt: "def fibonacci(n):".into(),
+        raw: true,
+        max_tokens: 8,
+        kv_dtype: KvDtype::F32,
+        ..TextOptions::default()
+    };
+    let stats = generate_text(ctx, &loaded, &opts, |_| {}).unwrap();
+    println!("{:?} -> {:?} {:?}", opts.prompt, stats.text, stats.ids);
+    assert_eq!(
+        stats.ids.len(),
+        8,
+        "the model stopped early: {:?}",
+        stats.text
+    );
+    let (config, weights) = host_weights(f, &loaded.hyper, None, |_, _| {}).unwrap();
+    let mut seq = stats.prompt_ids.clone();
+    seq.extend(&stats.ids[..7]);
+    let all = kvattn::reference::llama::llama_logits_all(&config, &weights, &seq, None).unwrap();
+    let v = config.vocab;
+    let n = stats.prompt_ids.len();
+    for (step, &token) in stats.ids.iter().enumerate() {
+        let row = &all[(n - 1 + step) * v..(n + step) * v];
+        let mut order: Vec<usize> = (0..v).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        let (best, second) = (order[0], order[1]);
+        let gap = row[best] - row[second];
+        assert!(
+            gap > 1e-3,
+            "step {step}: a near-tie in the CPU logits (tokens {best} and {second} within \
+             {gap:e}); the comparison cannot decide this step"
+        );
+        assert_eq!(
+            token as usize, best,
+            "step {step}: the GPU chose {token}, the CPU forward pass {best} (gap {gap:e})"
+        );
     }
 }

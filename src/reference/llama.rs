@@ -39,10 +39,8 @@ fn linear(x: &[f32], w: &[f32], k: usize, n: usize) -> Vec<f32> {
     y
 }
 
-/// The logits (`[vocab]`) after the last of `tokens`, run as one causal prefill from position 0
-/// through the first `layers` layers of the model (all of them when `None`), then the final norm
-/// and the output projection.
-pub fn llama_logits(
+/// The residual stream `[tokens.len(), d_model]` after the first `layers` layers.
+fn hidden(
     config: &DecoderConfig,
     weights: &HostWeights,
     tokens: &[u32],
@@ -102,7 +100,43 @@ pub fn llama_logits(
         let down = linear(&act, &w.w_down, c.ffn, d);
         x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
     }
-    let last = rms_norm(&x[(t - 1) * d..], &weights.final_norm, c.rms_eps);
-    let head = weights.lm_head.as_deref().unwrap_or(&weights.embed);
-    Ok(linear(&last, head, d, c.vocab))
+    Ok(x)
+}
+
+/// The logits (`[vocab]`) after the last of `tokens`, run as one causal prefill from position 0
+/// through the first `layers` layers of the model (all of them when `None`), then the final norm
+/// and the output projection.
+pub fn llama_logits(
+    config: &DecoderConfig,
+    weights: &HostWeights,
+    tokens: &[u32],
+    layers: Option<usize>,
+) -> Result<Vec<f32>> {
+    let x = hidden(config, weights, tokens, layers)?;
+    let d = config.d_model;
+    head(config, weights, &x[x.len() - d..])
+}
+
+/// [`llama_logits`] after every one of `tokens`: `[tokens.len(), vocab]`, row `i` predicting
+/// token `i + 1` (teacher forcing: one pass checks a whole greedy continuation).
+pub fn llama_logits_all(
+    config: &DecoderConfig,
+    weights: &HostWeights,
+    tokens: &[u32],
+    layers: Option<usize>,
+) -> Result<Vec<f32>> {
+    let x = hidden(config, weights, tokens, layers)?;
+    head(config, weights, &x)
+}
+
+/// The final norm and the output projection of each row of `x`.
+fn head(c: &DecoderConfig, weights: &HostWeights, x: &[f32]) -> Result<Vec<f32>> {
+    let d = c.d_model;
+    let table = weights.lm_head.as_deref().unwrap_or(&weights.embed);
+    let mut out = Vec::with_capacity(x.len() / d * c.vocab);
+    for row in x.chunks_exact(d) {
+        let normed = rms_norm(row, &weights.final_norm, c.rms_eps);
+        out.extend(linear(&normed, table, d, c.vocab));
+    }
+    Ok(out)
 }
