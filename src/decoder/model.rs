@@ -24,7 +24,7 @@ use crate::cache::append_kv::SourceDtype;
 use crate::cache::append_plan::{AppendIo, AppendPlan};
 use crate::cache::paged::{AppendBatch, PagedKvCache, PagedKvConfig};
 use crate::decoder::ops::add::{prepare_add, AddArgs};
-use crate::decoder::ops::embed::embed_host_check;
+use crate::decoder::ops::embed::{embed_host_check, prepare_embed, EmbedArgs};
 use crate::decoder::ops::rms_norm::{prepare_rms_norm, RmsNormArgs};
 use crate::decoder::ops::swiglu::{prepare_swiglu, SwigluArgs};
 use crate::decoder::ops::PreparedOp;
@@ -338,6 +338,8 @@ struct Scratch {
     gate: wgpu::Buffer,
     up: wgpu::Buffer,
     act: wgpu::Buffer,
+    /// The rows that need logits, gathered (`Logits::Last` over several sequences).
+    last: wgpu::Buffer,
 }
 
 impl Scratch {
@@ -360,6 +362,7 @@ impl Scratch {
             gate: f("gate", t * c.ffn)?,
             up: f("up", t * c.ffn)?,
             act: f("activation", t * c.ffn)?,
+            last: f("rows that need logits", t * c.d_model)?,
         })
     }
 }
@@ -402,7 +405,11 @@ struct Step {
     swiglu: PreparedOp,
     layers: Vec<LayerStep>,
     final_norm: PreparedOp,
-    /// The logits: one product for every row ([`Logits::All`]) or one per sequence's last row.
+    /// `Logits::Last` over several sequences: their last rows gathered into one block, so one
+    /// product reads the output projection once (with the indices it gathers by).
+    gather: Option<(PreparedOp, wgpu::Buffer)>,
+    /// The logits: one product for every row ([`Logits::All`]), for the one sequence's last row,
+    /// or for the gathered last rows of several sequences.
     head: Vec<Product>,
     logits: wgpu::Buffer,
     readback: Arc<Readback>,
@@ -785,6 +792,9 @@ impl Decoder {
             step.residual.encode(pass);
         }
         step.final_norm.encode(pass);
+        if let Some((gather, _)) = &step.gather {
+            gather.encode(pass);
+        }
         for head in &step.head {
             head.encode(pass);
         }
@@ -860,16 +870,38 @@ impl Decoder {
         let logits = ctx.filled("logits", rows * c.vocab, crate::gpu::UNWRITTEN)?;
         let head_w = self.lm_head.as_ref().unwrap_or(&self.embed);
         let mut head = Vec::new();
+        let mut gather = None;
         match shape.which {
             Logits::All => head.push(product(head_w, &s.h, all, &logits)?),
+            Logits::Last if shape.lens.len() == 1 => {
+                head.push(product(head_w, &s.h, (t - 1, 1, 0), &logits)?);
+            }
             Logits::Last => {
-                // One product per sequence's last row (the same product a step of that
-                // sequence alone runs, so batching changes no bit).
-                let mut row = 0;
-                for (i, &len) in shape.lens.iter().enumerate() {
-                    row += len;
-                    head.push(product(head_w, &s.h, (row - 1, 1, i), &logits)?);
-                }
+                // Each sequence's last row gathered (bit for bit), then one product over them:
+                // the products are batch-invariant, so each row gets the bits a step of its
+                // sequence alone gives.
+                let lasts: Vec<u32> = shape
+                    .lens
+                    .iter()
+                    .scan(0u32, |row, &len| {
+                        *row += len as u32;
+                        Some(*row - 1)
+                    })
+                    .collect();
+                let ids = ctx.upload("rows that need logits", &lasts)?;
+                let op = prepare_embed(
+                    ctx,
+                    &EmbedArgs {
+                        tokens: &ids,
+                        n_tokens: lasts.len(),
+                        dim: d,
+                        vocab: t,
+                        table: &s.h,
+                        out: &s.last,
+                    },
+                )?;
+                head.push(product(head_w, &s.last, (0, lasts.len(), 0), &logits)?);
+                gather = Some((op, ids));
             }
         }
         let rope = |tables, x, out| RopeArgs {
@@ -902,6 +934,7 @@ impl Decoder {
             )?,
             layers,
             final_norm: prepare_rms_norm(ctx, &norm(&self.final_norm, &s.h))?,
+            gather,
             head,
             readback: Arc::new(Readback::new(
                 ctx,
