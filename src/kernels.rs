@@ -21,8 +21,9 @@ pub fn layout_of<T: WgslStruct>() -> StructLayout {
 }
 
 /// Whether the enabled features build `kernel`: the decoder's kernels ([`Kernel::RmsNorm`],
-/// [`Kernel::Swiglu`], [`Kernel::Add`], [`Kernel::Embed`], [`Kernel::QMatmul`], [`Kernel::QEmbed`]) need the `decoder` feature, the
-/// ceilings' kernels ([`Kernel::Bandwidth`], [`Kernel::FmaRate`]) the `bench` feature.
+/// [`Kernel::Swiglu`], [`Kernel::Add`], [`Kernel::Embed`], [`Kernel::QMatmul`],
+/// [`Kernel::QEmbed`]) need the `decoder` feature, the ceilings' kernels ([`Kernel::Bandwidth`],
+/// [`Kernel::FmaRate`]) the `bench` feature.
 pub fn is_built(kernel: Kernel) -> bool {
     let decoder = matches!(
         kernel,

@@ -114,7 +114,8 @@ fn ggml_chunk(row: u32, chunks: u32, c: u32) -> GgmlChunk {
             // next, of one word.
             let si = 8u * (s / 4u) + 2u * (s % 4u);
             let sc_word = ggml_word(bw + 48u + si / 4u) >> (8u * (si % 4u));
-            let sc = vec2<i32>(bitcast<i32>(sc_word << 24u) >> 24u, bitcast<i32>(sc_word << 16u) >> 24u);
+            let sc = vec2<i32>(bitcast<i32>(sc_word << 24u) >> 24u,
+                bitcast<i32>(sc_word << 16u) >> 24u);
             let dq = kv_f16(ggml_word(bw + 52u) & 0xffffu);
             return GgmlChunk(bw, s, dq * vec2<f32>(sc), -0.0);
         }

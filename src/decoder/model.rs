@@ -3,9 +3,10 @@
 //! per-token computation runs on the GPU; the host plans the step and reads the logits back.
 //!
 //! Each matrix is `[out, in]` row-major (the GGUF / PyTorch layout: `y = W x`), on the GPU in
-//! f32 or in its GGUF block format ([`super::weights`]). One [`Decoder::forward`] step takes, per sequence, its new tokens (a prompt
-//! chunk, or one token when decoding), appends their K/V to the cache at positions following
-//! what the sequence already holds, and returns the logits of each sequence's last new token.
+//! f32 or in its GGUF block format ([`super::weights`]). One [`Decoder::forward`] step takes,
+//! per sequence, its new tokens (a prompt chunk, or one token when decoding), appends their K/V
+//! to the cache at positions following what the sequence already holds, and returns the logits
+//! of each sequence's last new token.
 //! It also counts the step's FLOPs (a multiply-add is 2): the matrix products and attention's
 //! two products over the keys each query sees; the elementwise work (norms, RoPE, SwiGLU,
 //! softmax) is left out, as usual.

@@ -1,6 +1,7 @@
 //! The quantized matrix product (`kvattn::decoder::ops::qmatmul`) against its CPU reference for
-//! every GGUF block type on odd shapes, both invocation mappings with the same bits; a row's bits alone and in every batch; a weight and
-//! operands split over several bindings; bad input refused before anything is written.
+//! every GGUF block type on odd shapes, both invocation mappings with the same bits; a row's
+//! bits alone and in every batch; a weight and operands split over several bindings; bad input
+//! refused before anything is written.
 
 use half::{bf16, f16};
 use kvattn::decoder::blocks::SUPPORTED;
