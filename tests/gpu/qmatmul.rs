@@ -104,7 +104,12 @@ fn run(
         .unwrap();
         outs.push(ctx.read_back::<f32>(&yb, y_rows * n).unwrap());
     }
-    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    // The same bits; a NaN is a NaN (IEEE leaves its sign and payload to the operand order).
+    let bits = |v: &[f32]| {
+        v.iter()
+            .map(|f| if f.is_nan() { u32::MAX } else { f.to_bits() })
+            .collect::<Vec<_>>()
+    };
     assert_eq!(
         bits(&outs[0]),
         bits(&outs[1]),
@@ -365,6 +370,41 @@ fn the_embedding_gather_reads_every_block_type_exactly() {
                     weight.num_parts()
                 );
             }
+        }
+    }
+}
+
+/// NaN and infinities propagate as in the CPU reference: a NaN in x makes every output of its
+/// row NaN; a block with an infinite scale makes its row of W's outputs non-finite; the other
+/// outputs stay finite and equal to the reference's.
+#[test]
+fn nan_and_infinities_propagate_like_the_reference() {
+    let ctx = gpu();
+    let mut rng = Rng::new(43);
+    let (ty, n, k, rows) = (GgmlType::Q8_0, 6, 96, 3);
+    let mut w = random_weight(&mut rng, ty, n, k);
+    // Row 4's second block (34 bytes each, 3 a row): an infinite f16 scale.
+    let at = (4 * 3 + 1) * 34;
+    w[at..at + 2].copy_from_slice(&f16::INFINITY.to_bits().to_le_bytes());
+    let mut x = rng.normals(rows * k, 1.0);
+    x[k + 50] = f32::NAN;
+    let weight = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
+    let y = run(ctx, &weight, &x, (0, rows, 0, rows));
+    let want = cpu::qmatmul_unfused(ty, n, k, &w, &x, rows).unwrap();
+    for t in 0..rows {
+        for o in 0..n {
+            let (g, r) = (y[t * n + o], want[t * n + o]);
+            if t == 1 {
+                assert!(g.is_nan(), "y[1, {o}] = {g} with a NaN in x row 1");
+            } else if o == 4 {
+                assert!(
+                    !g.is_finite(),
+                    "y[{t}, 4] = {g} with an infinite scale in W row 4"
+                );
+            } else {
+                assert!(g.is_finite(), "y[{t}, {o}] = {g}");
+            }
+            assert_eq!(g.is_nan(), r.is_nan(), "y[{t}, {o}]: {g} against {r}");
         }
     }
 }

@@ -16,6 +16,11 @@
 //! or 8, from `rows`) changes how often a weight is read, never the order of any sum: a row's
 //! result is bit-identical whatever the batch (tested), and every value of `W` is decoded
 //! exactly as the CPU does (each is an exact product in f32, so fused or not it is the same).
+//!
+//! **NaN and infinities** propagate as IEEE arithmetic has them, as in the CPU reference: a NaN
+//! or infinite value of `x`, or a block whose f16 scale is NaN or infinite, makes the outputs
+//! that read it NaN or infinite (the decoder's sampler then refuses NaN and +inf logits, naming
+//! the token). Nothing is clamped or skipped.
 
 use crate::decoder::gguf::GgmlType;
 use crate::decoder::ops::{check_distinct, PreparedOp};
@@ -296,7 +301,8 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
 }
 
 /// How the kernel's invocations share the work; both give every output the same bits (the
-/// same partials in the same order, then the same tree).
+/// same partials in the same order, then the same tree; a NaN output is NaN in both, with the
+/// sign IEEE arithmetic leaves to the operand order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QMatmulMapping {
     /// 16 lanes split a row of `W`, the partials added through workgroup memory (GPUs).
