@@ -238,3 +238,151 @@ fn block_weights_keep_decode_prefill_and_batch_bits() {
         .unwrap();
     assert_eq!(alone.logits, batched.logits[..c.vocab], "alone vs batched");
 }
+
+/// A GGUF version 3 file holding `m` as a `llama` model of shape `c`: the metadata
+/// `LlamaHyper` reads and every tensor, blocks as they are, norms as F32.
+fn gguf_file(c: &DecoderConfig, m: &BlockModel) -> Vec<u8> {
+    fn string(b: &mut Vec<u8>, s: &str) {
+        b.extend((s.len() as u64).to_le_bytes());
+        b.extend(s.as_bytes());
+    }
+    let mut kv = Vec::new();
+    let mut n_kv = 0u64;
+    let mut put = |key: &str, tag: u32, value: &[u8]| {
+        string(&mut kv, key);
+        kv.extend(tag.to_le_bytes());
+        kv.extend(value);
+        n_kv += 1;
+    };
+    let mut arch = Vec::new();
+    string(&mut arch, "llama");
+    put("general.architecture", 8, &arch);
+    for (key, v) in [
+        ("block_count", c.layers),
+        ("embedding_length", c.d_model),
+        ("feed_forward_length", c.ffn),
+        ("attention.head_count", c.n_heads),
+        ("attention.head_count_kv", c.n_kv_heads),
+        ("context_length", 256),
+        ("vocab_size", c.vocab),
+    ] {
+        put(&format!("llama.{key}"), 4, &(v as u32).to_le_bytes());
+    }
+    put("llama.rope.freq_base", 6, &c.rope_theta.to_le_bytes());
+    put(
+        "llama.attention.layer_norm_rms_epsilon",
+        6,
+        &c.rms_eps.to_le_bytes(),
+    );
+    let f32s = |v: &[f32]| -> (GgmlType, Vec<u8>) {
+        (
+            GgmlType::F32,
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        )
+    };
+    let d = c.d_model as u64;
+    let mut tensors: Vec<(String, Vec<u64>, (GgmlType, Vec<u8>))> = vec![
+        (
+            "token_embd.weight".into(),
+            vec![d, c.vocab as u64],
+            m.embedding.clone(),
+        ),
+        (
+            "output.weight".into(),
+            vec![d, c.vocab as u64],
+            m.output.clone(),
+        ),
+        (
+            "output_norm.weight".into(),
+            vec![d],
+            f32s(&m.f32.final_norm),
+        ),
+    ];
+    for (i, layer) in m.layers.iter().enumerate() {
+        let l = &m.f32.layers[i];
+        tensors.push((
+            format!("blk.{i}.attn_norm.weight"),
+            vec![d],
+            f32s(&l.attn_norm),
+        ));
+        tensors.push((
+            format!("blk.{i}.ffn_norm.weight"),
+            vec![d],
+            f32s(&l.ffn_norm),
+        ));
+        for which in LayerMatrix::ALL {
+            let (n, k) = match which {
+                LayerMatrix::Q => (c.q_dim(), c.d_model),
+                LayerMatrix::K | LayerMatrix::V => (c.kv_dim(), c.d_model),
+                LayerMatrix::O => (c.d_model, c.q_dim()),
+                LayerMatrix::Gate | LayerMatrix::Up => (c.ffn, c.d_model),
+                LayerMatrix::Down => (c.d_model, c.ffn),
+            };
+            let name = format!("blk.{i}.{}.weight", which.gguf_name());
+            tensors.push((name, vec![k as u64, n as u64], layer[which.index()].clone()));
+        }
+    }
+    let align = |x: usize| x.div_ceil(32) * 32;
+    let mut info = Vec::new();
+    let mut offset = 0usize;
+    for (name, dims, (ty, bytes)) in &tensors {
+        string(&mut info, name);
+        info.extend((dims.len() as u32).to_le_bytes());
+        dims.iter().for_each(|x| info.extend(x.to_le_bytes()));
+        info.extend(ty.id().to_le_bytes());
+        info.extend((offset as u64).to_le_bytes());
+        offset = align(offset + bytes.len());
+    }
+    let mut out = b"GGUF".to_vec();
+    out.extend(3u32.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend(n_kv.to_le_bytes());
+    out.extend(kv);
+    out.extend(info);
+    out.resize(align(out.len()), 0);
+    for (_, _, (_, bytes)) in &tensors {
+        out.extend(bytes);
+        out.resize(align(out.len()), 0);
+    }
+    out
+}
+
+/// The model written as a GGUF file, mapped and uploaded as `load_gguf` does (`GgufSource`):
+/// the very bits of the same blocks handed over in memory.
+#[test]
+fn a_gguf_file_of_block_tensors_loads_with_the_bits_of_its_blocks() {
+    use kvattn::decoder::gguf::{GgufFile, LlamaHyper};
+    use kvattn::decoder::load::{decoder_config, GgufSource};
+    let ctx = gpu();
+    let c = config();
+    let m = block_model(&c, 47);
+    let dir = std::env::temp_dir().join(format!("kvattn-blocks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("blocks.gguf");
+    std::fs::write(&path, gguf_file(&c, &m)).unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    let hyper = LlamaHyper::from_gguf(&file).unwrap();
+    let config = decoder_config(&hyper).unwrap();
+    assert_eq!(
+        (config.layers, config.d_model, config.vocab),
+        (c.layers, c.d_model, c.vocab)
+    );
+    let source = GgufSource::new(&file, &hyper).unwrap();
+    let mut ticks = 0;
+    let from_file =
+        Decoder::upload_from(ctx, config, &source, Precision::F32, |_, _| ticks += 1).unwrap();
+    assert_eq!(ticks, 3 + 9 * c.layers);
+    let in_memory = Decoder::upload_from(ctx, config, &m, Precision::F32, |_, _| {}).unwrap();
+    assert_eq!(from_file.weight_bytes(), in_memory.weight_bytes());
+    let ids = tokens(11, c.vocab, 9);
+    let mut logits = Vec::new();
+    for model in [&from_file, &in_memory] {
+        let mut cache =
+            PagedKvCache::new(ctx, config.kv_config(KvDtype::F16), PoolSize::Blocks(8)).unwrap();
+        cache.add_sequence(0, &[]).unwrap();
+        logits.push(model.forward(ctx, &mut cache, &[(0, &ids)]).unwrap().logits);
+    }
+    assert_eq!(logits[0], logits[1]);
+    drop(file);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
