@@ -274,14 +274,14 @@ fn gguf_file(c: &DecoderConfig, m: &BlockModel) -> Vec<u8> {
         6,
         &c.rms_eps.to_le_bytes(),
     );
-    let f32s = |v: &[f32]| -> (GgmlType, Vec<u8>) {
+    let f32s = |v: &[f32]| -> Blocks {
         (
             GgmlType::F32,
             v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         )
     };
     let d = c.d_model as u64;
-    let mut tensors: Vec<(String, Vec<u64>, (GgmlType, Vec<u8>))> = vec![
+    let mut tensors: Vec<(String, Vec<u64>, Blocks)> = vec![
         (
             "token_embd.weight".into(),
             vec![d, c.vocab as u64],
