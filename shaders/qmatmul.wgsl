@@ -21,7 +21,11 @@
 // each chunk of weights it decodes to every row of x, so a prefill chunk reads the weights once
 // per ROWS rows. Adjacent lanes read adjacent chunks. Rows of x past `rows` repeat the last one,
 // rows of W past `n` the last one; neither is written. Neither WROWS nor ROWS changes the
-// order of any sum.
+// order of any sum. With ROW_MAJOR (one-row products on CPU adapters, see main_rows) an
+// invocation computes a row's partials itself, with the same sums.
+//
+// NaN and infinities follow IEEE arithmetic, as in the CPU reference: nothing selects, clamps
+// or skips, so a NaN or infinity in x or in a block's scale reaches every output that reads it.
 
 struct QMatmulParams {
     // Rows of x (and y) in this dispatch.

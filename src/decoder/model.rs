@@ -511,15 +511,9 @@ impl Decoder {
             tick();
             let mut matrices = Vec::with_capacity(LayerMatrix::ALL.len());
             for which in LayerMatrix::ALL {
-                let shape = match which {
-                    LayerMatrix::Q => (c.q_dim(), c.d_model),
-                    LayerMatrix::K | LayerMatrix::V => (c.kv_dim(), c.d_model),
-                    LayerMatrix::O => (c.d_model, c.q_dim()),
-                    LayerMatrix::Gate | LayerMatrix::Up => (c.ffn, c.d_model),
-                    LayerMatrix::Down => (c.d_model, c.ffn),
-                };
                 let what = format!("layer {i} {}", which.gguf_name());
-                let m = GpuMatrix::upload(ctx, &what, &source.matrix(i, which)?, shape)?;
+                let data = source.matrix(i, which)?;
+                let m = GpuMatrix::upload(ctx, &what, &data, which.shape(&c))?;
                 bytes += m.gpu_bytes();
                 matrices.push(m);
                 tick();

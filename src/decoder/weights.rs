@@ -4,15 +4,16 @@
 //! (`[out, in]` row-major, `y = W x`) as f32 values ([`HostWeights`]) or as a GGUF tensor's
 //! bytes in its block format ([`MatrixData::Blocks`], borrowed from the memory-mapped file).
 //! Block matrices stay in their format on the GPU ([`QWeight`], read by the quantized product
-//! and the embedding gather); f32 matrices whose rows are not a multiple of 32 values go
-//! through the dense product ([`crate::matmul::Linear`]), which takes any shape.
+//! and the embedding gather; a GGUF F32 tensor is such a "block" format too); f32 values
+//! handed over as such ([`MatrixData::F32`]) go through the dense product
+//! ([`crate::matmul::Linear`]), which takes any shape.
 
 use std::borrow::Cow;
 
 use super::gguf::GgmlType;
-use super::model::HostWeights;
+use super::model::{DecoderConfig, HostWeights};
 use super::ops::qembed::{prepare_qembed, QEmbedArgs};
-use super::ops::qmatmul::{prepare_qmatmul, QMatmulArgs, QWeight, CHUNK};
+use super::ops::qmatmul::{prepare_qmatmul, QMatmulArgs, QWeight};
 use super::ops::PreparedOp;
 use crate::decoder::ops::embed::{prepare_embed, EmbedArgs};
 use crate::gpu::Context;
@@ -60,6 +61,17 @@ impl LayerMatrix {
             LayerMatrix::Gate => 4,
             LayerMatrix::Up => 5,
             LayerMatrix::Down => 6,
+        }
+    }
+
+    /// `(rows, values per row)` of the matrix in a model of shape `c` (`[out, in]`).
+    pub fn shape(self, c: &DecoderConfig) -> (usize, usize) {
+        match self {
+            LayerMatrix::Q => (c.q_dim(), c.d_model),
+            LayerMatrix::K | LayerMatrix::V => (c.kv_dim(), c.d_model),
+            LayerMatrix::O => (c.d_model, c.q_dim()),
+            LayerMatrix::Gate | LayerMatrix::Up => (c.ffn, c.d_model),
+            LayerMatrix::Down => (c.d_model, c.ffn),
         }
     }
 
@@ -150,7 +162,8 @@ pub(crate) enum GpuMatrix {
         n: usize,
         k: usize,
     },
-    /// A block format (or f32 rows of a multiple of 32 values), through the quantized product.
+    /// A GGUF tensor's blocks (any type of [`crate::decoder::blocks::SUPPORTED`]), through the
+    /// quantized product.
     Blocks(QWeight),
 }
 
@@ -176,22 +189,15 @@ impl GpuMatrix {
                     k,
                 })
             }
-            MatrixData::Blocks { ty, bytes } => {
-                if k % CHUNK != 0 || k as u64 % ty.block_size() != 0 {
-                    return Err(Error::InvalidArgument(format!(
-                        "{what}: rows of {k} values of {ty} (the quantized product needs a \
-                         multiple of {CHUNK} and of the block size)"
-                    )));
-                }
-                QWeight::upload(ctx, what, *ty, (n, k), bytes)
-                    .map(Self::Blocks)
-                    .map_err(|e| match e {
-                        Error::ShapeMismatch { expected, got, .. } => Error::InvalidArgument(
-                            format!("{what}: {got} bytes, {n} x {k} {ty} values need {expected}"),
-                        ),
-                        other => other,
-                    })
-            }
+            MatrixData::Blocks { ty, bytes } => QWeight::upload(ctx, what, *ty, (n, k), bytes)
+                .map(Self::Blocks)
+                .map_err(|e| match e {
+                    Error::ShapeMismatch { expected, got, .. } => Error::InvalidArgument(format!(
+                        "{what}: {got} bytes, {n} x {k} {ty} values need {expected}"
+                    )),
+                    Error::InvalidArgument(m) => Error::InvalidArgument(format!("{what}: {m}")),
+                    other => other,
+                }),
         }
     }
 

@@ -66,14 +66,7 @@ fn block_model(c: &DecoderConfig, seed: u64) -> BlockModel {
         let mut m = Vec::new();
         let mut f = Vec::new();
         for which in LayerMatrix::ALL {
-            let shape = match which {
-                LayerMatrix::Q => (c.q_dim(), d),
-                LayerMatrix::K | LayerMatrix::V => (c.kv_dim(), d),
-                LayerMatrix::O => (d, c.q_dim()),
-                LayerMatrix::Gate | LayerMatrix::Up => (c.ffn, d),
-                LayerMatrix::Down => (d, c.ffn),
-            };
-            let (b, v) = blocks(type_of(layer, which), shape);
+            let (b, v) = blocks(type_of(layer, which), which.shape(c));
             m.push(b);
             f.push(v);
         }
@@ -311,13 +304,7 @@ fn gguf_file(c: &DecoderConfig, m: &BlockModel) -> Vec<u8> {
             f32s(&l.ffn_norm),
         ));
         for which in LayerMatrix::ALL {
-            let (n, k) = match which {
-                LayerMatrix::Q => (c.q_dim(), c.d_model),
-                LayerMatrix::K | LayerMatrix::V => (c.kv_dim(), c.d_model),
-                LayerMatrix::O => (c.d_model, c.q_dim()),
-                LayerMatrix::Gate | LayerMatrix::Up => (c.ffn, c.d_model),
-                LayerMatrix::Down => (c.d_model, c.ffn),
-            };
+            let (n, k) = which.shape(c);
             let name = format!("blk.{i}.{}.weight", which.gguf_name());
             tensors.push((name, vec![k as u64, n as u64], layer[which.index()].clone()));
         }

@@ -140,9 +140,11 @@ fn check_type(ty: GgmlType, k: usize) -> Result<usize> {
     row_words(ty, k).filter(|_| k % bs == 0).ok_or_else(|| {
         Error::InvalidArgument(format!(
             "qmatmul: weights of ggml type {ty} (id {}) with rows of {k} values are not \
-                 supported (types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, \
-                 Q6_K; rows a multiple of the block size)",
-            ty.id()
+             supported (types: {}; rows a multiple of the block size)",
+            ty.id(),
+            crate::decoder::blocks::SUPPORTED
+                .map(GgmlType::name)
+                .join(", ")
         ))
     })
 }
