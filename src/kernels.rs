@@ -32,6 +32,8 @@ pub fn is_built(kernel: Kernel) -> bool {
             | Kernel::Add
             | Kernel::Embed
             | Kernel::QMatmul
+            | Kernel::QMatmulRows
+            | Kernel::QMatmulTiled
             | Kernel::QEmbed
     );
     let bench = matches!(kernel, Kernel::Bandwidth | Kernel::FmaRate);
@@ -71,7 +73,9 @@ pub fn param_structs(kernel: Kernel) -> Vec<StructLayout> {
         #[cfg(feature = "decoder")]
         Kernel::Embed => vec![layout_of::<decoder::ops::embed::EmbedParams>()],
         #[cfg(feature = "decoder")]
-        Kernel::QMatmul => vec![layout_of::<decoder::ops::qmatmul::QMatmulParams>()],
+        Kernel::QMatmul | Kernel::QMatmulRows | Kernel::QMatmulTiled => {
+            vec![layout_of::<decoder::ops::qmatmul::QMatmulParams>()]
+        }
         #[cfg(feature = "decoder")]
         Kernel::QEmbed => vec![layout_of::<decoder::ops::qembed::QEmbedParams>()],
         #[cfg(not(feature = "decoder"))]
@@ -80,6 +84,8 @@ pub fn param_structs(kernel: Kernel) -> Vec<StructLayout> {
         | Kernel::Add
         | Kernel::Embed
         | Kernel::QMatmul
+        | Kernel::QMatmulRows
+        | Kernel::QMatmulTiled
         | Kernel::QEmbed => Vec::new(),
         #[cfg(feature = "bench")]
         Kernel::Bandwidth => vec![layout_of::<bench::bandwidth::BandwidthParams>()],
@@ -123,6 +129,9 @@ pub fn kernel_constants(kernel: Kernel, precision: Precision) -> Vec<Constants> 
         Kernel::Embed => decoder::ops::embed::representative_constants(),
         #[cfg(feature = "decoder")]
         Kernel::QMatmul => decoder::ops::qmatmul::representative_constants(),
+        Kernel::QMatmulRows | Kernel::QMatmulTiled => {
+            decoder::ops::qmatmul::format_representative_constants()
+        }
         #[cfg(feature = "decoder")]
         Kernel::QEmbed => decoder::ops::qembed::representative_constants(),
         #[cfg(not(feature = "decoder"))]
@@ -131,6 +140,8 @@ pub fn kernel_constants(kernel: Kernel, precision: Precision) -> Vec<Constants> 
         | Kernel::Add
         | Kernel::Embed
         | Kernel::QMatmul
+        | Kernel::QMatmulRows
+        | Kernel::QMatmulTiled
         | Kernel::QEmbed => Vec::new(),
         #[cfg(feature = "bench")]
         Kernel::Bandwidth => bench::bandwidth::representative_constants(),

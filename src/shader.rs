@@ -22,6 +22,7 @@ const PRELUDE_F16: &str = include_str!("../shaders/lib/precision_f16.wgsl");
 const LIB_KV_FORMAT: &str = include_str!("../shaders/lib/kv_format.wgsl");
 /// Values of weights in GGUF block formats (the decoder's quantized products).
 const LIB_GGML_BLOCKS: &str = include_str!("../shaders/lib/ggml_blocks.wgsl");
+const LIB_QMATMUL_DOT: &str = include_str!("../shaders/lib/qmatmul_dot.wgsl");
 /// Reading K/V rows of any storage format through the kernel's pool accessors.
 const LIB_KV_LOAD: &str = include_str!("../shaders/lib/kv_load.wgsl");
 /// KV encoding for the storage formats (append).
@@ -95,8 +96,14 @@ pub enum Kernel {
     Add,
     /// Token-embedding gather (`shaders/embed.wgsl`).
     Embed,
-    /// Matrix product over weights in a GGUF block format (`shaders/qmatmul.wgsl`).
+    /// Matrix product over weights in a GGUF block format, the lane kernel
+    /// (`shaders/qmatmul.wgsl`).
     QMatmul,
+    /// The same product, the row kernel for CPU adapters (`shaders/qmatmul_rows.wgsl`).
+    QMatmulRows,
+    /// The same product, tiled through workgroup memory for many rows
+    /// (`shaders/qmatmul_tiled.wgsl`).
+    QMatmulTiled,
     /// Token-embedding gather from a table in a GGUF block format (`shaders/qembed.wgsl`).
     QEmbed,
     /// The copy kernel measuring memory bandwidth (`shaders/bandwidth.wgsl`).
@@ -110,7 +117,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel family.
-    pub const ALL: [Kernel; 19] = [
+    pub const ALL: [Kernel; 21] = [
         Kernel::Paged,
         Kernel::PagedLanes,
         Kernel::Merge,
@@ -126,6 +133,8 @@ impl Kernel {
         Kernel::Add,
         Kernel::Embed,
         Kernel::QMatmul,
+        Kernel::QMatmulRows,
+        Kernel::QMatmulTiled,
         Kernel::QEmbed,
         Kernel::Bandwidth,
         Kernel::FmaRate,
@@ -150,6 +159,8 @@ impl Kernel {
             Kernel::Add => "add",
             Kernel::Embed => "embed",
             Kernel::QMatmul => "qmatmul",
+            Kernel::QMatmulRows => "qmatmul_rows",
+            Kernel::QMatmulTiled => "qmatmul_tiled",
             Kernel::QEmbed => "qembed",
             Kernel::Bandwidth => "bandwidth",
             Kernel::FmaRate => "fma_rate",
@@ -175,6 +186,8 @@ impl Kernel {
             Kernel::Add => include_str!("../shaders/add.wgsl"),
             Kernel::Embed => include_str!("../shaders/embed.wgsl"),
             Kernel::QMatmul => include_str!("../shaders/qmatmul.wgsl"),
+            Kernel::QMatmulRows => include_str!("../shaders/qmatmul_rows.wgsl"),
+            Kernel::QMatmulTiled => include_str!("../shaders/qmatmul_tiled.wgsl"),
             Kernel::QEmbed => include_str!("../shaders/qembed.wgsl"),
             Kernel::Bandwidth => include_str!("../shaders/bandwidth.wgsl"),
             Kernel::FmaRate => include_str!("../shaders/fma_rate.wgsl"),
@@ -193,7 +206,10 @@ impl Kernel {
             ],
             Kernel::Merge | Kernel::MergeStates => &[LIB_SOFTMAX],
             Kernel::Dequant => &[LIB_KV_FORMAT, LIB_KV_LOAD],
-            Kernel::QMatmul | Kernel::QEmbed => &[LIB_KV_FORMAT, LIB_GGML_BLOCKS],
+            Kernel::QMatmul | Kernel::QMatmulRows | Kernel::QMatmulTiled => {
+                &[LIB_KV_FORMAT, LIB_GGML_BLOCKS, LIB_QMATMUL_DOT]
+            }
+            Kernel::QEmbed => &[LIB_KV_FORMAT, LIB_GGML_BLOCKS],
             Kernel::AppendKv => &[LIB_KV_FORMAT, LIB_KV_STORE],
             Kernel::CopyBlocks => &[],
             Kernel::Rope => &[],
@@ -227,6 +243,8 @@ impl Kernel {
             | Kernel::Add
             | Kernel::Embed
             | Kernel::QMatmul
+            | Kernel::QMatmulRows
+            | Kernel::QMatmulTiled
             | Kernel::QEmbed
             | Kernel::Bandwidth
             | Kernel::F16Check => &[Precision::F32],

@@ -26,6 +26,7 @@ use crate::cache::append_plan::{AppendIo, AppendPlan};
 use crate::cache::paged::{AppendBatch, PagedKvCache, PagedKvConfig};
 use crate::decoder::ops::add::{prepare_add, AddArgs};
 use crate::decoder::ops::embed::{embed_host_check, prepare_embed, EmbedArgs};
+use crate::decoder::ops::qmatmul::input_buffer;
 use crate::decoder::ops::rms_norm::{prepare_rms_norm, RmsNormArgs};
 use crate::decoder::ops::swiglu::{prepare_swiglu, SwigluArgs};
 use crate::decoder::ops::PreparedOp;
@@ -346,24 +347,27 @@ struct Scratch {
 impl Scratch {
     fn new(ctx: &Context, c: &DecoderConfig, t: usize) -> Result<Self> {
         let f = |what: &str, n: usize| ctx.filled(what, n.max(1), 0.0f32);
+        // The inputs of the matrix products: readable by every kernel of the block-format
+        // product (the row kernel reads x through a uniform window).
+        let input = |what: &str, n: usize| input_buffer(ctx, what, &vec![0.0f32; n.max(1)]);
         Ok(Self {
             tokens: t,
             ids: ctx.filled("token ids", t, 0u32)?,
             positions: ctx.filled("positions", t, 0u32)?,
             x: f("residual", t * c.d_model)?,
-            h: f("normed", t * c.d_model)?,
+            h: input("normed", t * c.d_model)?,
             q: f("q", t * c.q_dim())?,
             k: f("k", t * c.kv_dim())?,
             v: f("v", t * c.kv_dim())?,
             q_rot: f("q rotated", t * c.q_dim())?,
             k_rot: f("k rotated", t * c.kv_dim())?,
-            attn: f("attention out", t * c.q_dim())?,
+            attn: input("attention out", t * c.q_dim())?,
             lse: f("attention lse", t * c.n_heads)?,
             proj: f("projection", t * c.d_model)?,
             gate: f("gate", t * c.ffn)?,
             up: f("up", t * c.ffn)?,
-            act: f("activation", t * c.ffn)?,
-            last: f("rows that need logits", t * c.d_model)?,
+            act: input("activation", t * c.ffn)?,
+            last: input("rows that need logits", t * c.d_model)?,
         })
     }
 }

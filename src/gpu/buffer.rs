@@ -34,7 +34,7 @@ pub(crate) fn check_storage(what: &'static str, buffer: &wgpu::Buffer, elems: us
 const MIN_BYTES: u64 = 16;
 
 impl Context {
-    fn check_binding(&self, label: &str, bytes: u64) -> Result<()> {
+    pub(crate) fn check_binding(&self, label: &str, bytes: u64) -> Result<()> {
         // The device's own limit: a test cap (ContextOptions::max_storage_binding_cap) shapes how
         // pools are split, not what a buffer may hold.
         let limit = self.device.limits().max_storage_buffer_binding_size;

@@ -1,14 +1,14 @@
 //! The quantized matrix product (`kvattn::decoder::ops::qmatmul`) against its CPU reference for
-//! every GGUF block type on odd shapes, both invocation mappings with the same bits; a row's
-//! bits alone and in every batch; a weight and operands split over several bindings; bad input
-//! refused before anything is written.
+//! every GGUF block type on odd shapes, its three kernels (lanes, rows, tiled) with the same
+//! bits; a row's bits alone and in every batch; a weight and operands split over several
+//! bindings; bad input refused before anything is written.
 
 use half::{bf16, f16};
 use kvattn::decoder::blocks::SUPPORTED;
 use kvattn::decoder::gguf::GgmlType;
 use kvattn::decoder::ops::qembed::{qembed, QEmbedArgs};
 use kvattn::decoder::ops::qmatmul::{
-    prepare_qmatmul_mapped, qmatmul, QMatmulArgs, QMatmulMapping, QWeight,
+    input_buffer, prepare_qmatmul_mapped, qmatmul, QMatmulArgs, QMatmulMapping, QWeight,
 };
 use kvattn::gpu::{Context, UNWRITTEN, UNWRITTEN_BITS};
 use kvattn::reference::qmatmul as cpu;
@@ -74,8 +74,15 @@ fn ks(ty: GgmlType) -> [usize; 2] {
     }
 }
 
+/// The three kernels.
+const MAPPINGS: [QMatmulMapping; 3] = [
+    QMatmulMapping::Lanes,
+    QMatmulMapping::Rows,
+    QMatmulMapping::Tiled,
+];
+
 /// Runs the product of rows `x_row ..` of `x` into rows `y_row ..` of a sentinel-filled y of
-/// `y_rows` rows; returns y.
+/// `y_rows` rows with each kernel; checks that they give the same bits and returns y.
 fn run(
     ctx: &Context,
     w: &QWeight,
@@ -83,9 +90,9 @@ fn run(
     (x_row, rows, y_row, y_rows): (usize, usize, usize, usize),
 ) -> Vec<f32> {
     let (n, _) = w.shape();
-    let xb = ctx.upload("x", x).unwrap();
+    let xb = input_buffer(ctx, "x", x).unwrap();
     let mut outs = Vec::new();
-    for mapping in [QMatmulMapping::Lanes, QMatmulMapping::Rows] {
+    for mapping in MAPPINGS {
         let yb = ctx.filled("y", y_rows * n, UNWRITTEN).unwrap();
         let args = QMatmulArgs {
             x: &xb,
@@ -110,12 +117,14 @@ fn run(
             .map(|f| if f.is_nan() { u32::MAX } else { f.to_bits() })
             .collect::<Vec<_>>()
     };
-    assert_eq!(
-        bits(&outs[0]),
-        bits(&outs[1]),
-        "{}: the lane and row mappings differ",
-        w.ggml_type()
-    );
+    for (mapping, out) in MAPPINGS.iter().zip(&outs).skip(1) {
+        assert_eq!(
+            bits(&outs[0]),
+            bits(out),
+            "{}: the {mapping:?} kernel differs from the lane kernel",
+            w.ggml_type()
+        );
+    }
     outs.swap_remove(0)
 }
 
@@ -192,7 +201,7 @@ fn every_block_type_matches_the_cpu_reference_on_odd_shapes() {
     for ty in SUPPORTED {
         let mut exact = (0, 0, 0);
         // One row and three (4 rows of x a workgroup); a_row_gets_the_same_bits... takes the
-        // other row counts. Each (type, rows) is two pipelines to compile (both mappings).
+        // other row counts. Each (type, rows) is three pipelines to compile (the kernels).
         for (k, (n, rows, x_row, y_row)) in ks(ty).into_iter().zip([(13, 1, 1, 2), (7, 3, 0, 1)]) {
             for rows in [rows, 4 - rows] {
                 let w = random_weight(&mut rng, ty, n, k);
@@ -233,11 +242,21 @@ fn a_row_gets_the_same_bits_alone_or_in_any_batch() {
         let (n, k) = (9, ks(ty)[1]);
         let w = random_weight(&mut rng, ty, n, k);
         let weight = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
-        let rows = 11;
+        let rows = 37;
         let x = rng.normals(rows * k, 1.0);
         let all = run(ctx, &weight, &x, (0, rows, 0, rows));
-        // Every batch size picks its rows of x per workgroup (1, 2, 4 or 8).
-        for (first, count) in [(0, 1), (5, 1), (10, 1), (2, 2), (3, 4), (1, 3), (2, 9)] {
+        // Every batch size picks its rows of x per workgroup of the lane kernel (1, 2, 4 or
+        // 8); the tiled kernel's tiles of 16 start at other rows.
+        for (first, count) in [
+            (0, 1),
+            (5, 1),
+            (36, 1),
+            (2, 2),
+            (3, 4),
+            (1, 3),
+            (2, 9),
+            (3, 17),
+        ] {
             let part = run(ctx, &weight, &x, (first, count, 0, count));
             for t in 0..count {
                 let a: Vec<u32> = all[(first + t) * n..(first + t + 1) * n]
@@ -324,6 +343,14 @@ fn bad_products_are_refused_before_anything_is_written() {
         qmatmul(ctx, &same),
         Err(Error::InvalidArgument(_))
     ));
+    // The row kernel reads x through a uniform window: an x without UNIFORM usage is refused
+    // by name, and the adapter's choice for it is a kernel that reads storage.
+    let e = prepare_qmatmul_mapped(ctx, &args(0, 1, 0), QMatmulMapping::Rows).unwrap_err();
+    assert!(e.to_string().contains("input_buffer"), "{e}");
+    assert_ne!(
+        QMatmulMapping::for_product(ctx, &args(0, 1, 0)),
+        QMatmulMapping::Rows
+    );
     let y_now = ctx.read_back::<f32>(&y, 3 * n).unwrap();
     assert!(y_now.iter().all(|v| v.to_bits() == UNWRITTEN_BITS));
 }

@@ -37,6 +37,8 @@ pub mod add;
 pub mod embed;
 pub mod qembed;
 pub mod qmatmul;
+pub mod qmatmul_rows;
+pub mod qmatmul_tiled;
 pub mod rms_norm;
 pub mod swiglu;
 

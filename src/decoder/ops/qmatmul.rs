@@ -9,13 +9,25 @@
 //! 11% more than the file (Q4_0). A weight larger than one storage binding is split by rows
 //! into several buffers, each dispatched on its own.
 //!
-//! **One kernel for decode and prefill.** A workgroup computes 4 rows of `W` for up to 8 rows
-//! of `x`: 16 lanes split a row of `W` into chunks of 32 values (lane `l` the chunks
-//! `l, l + 16, ...`), each decodes its chunk once and applies it to every row of `x`, and the
-//! lanes' partial sums are added by a fixed tree. The number of `x` rows per workgroup (1, 2, 4
-//! or 8, from `rows`) changes how often a weight is read, never the order of any sum: a row's
-//! result is bit-identical whatever the batch (tested), and every value of `W` is decoded
-//! exactly as the CPU does (each is an exact product in f32, so fused or not it is the same).
+//! **Three kernels, one order of sums.** Every output is 16 partial sums (partial `l` over the
+//! chunks of 32 values `l, l + 16, ...`, each chunk's values in order with fma) added by a
+//! fixed tree, the order of the CPU reference; the kernels differ only in who computes which
+//! partial ([`QMatmulMapping`]):
+//! - the lane kernel (`qmatmul.wgsl`): a workgroup computes 16 rows of `W` for up to 8 rows
+//!   of `x`, 16 lanes splitting a row of `W` (adjacent lanes read adjacent chunks), each
+//!   decoded chunk applied to every row of `x`; the partials meet in workgroup memory. For
+//!   decode on GPUs and for any product the others do not take.
+//! - the row kernel ([`qmatmul_rows`](super::qmatmul_rows)): an invocation owns 4 rows of `W`
+//!   and computes their partials itself, `x` read through a uniform window. For one-row
+//!   products on CPU adapters, whose storage loads and barriers are costly; `x` must come from
+//!   [`input_buffer`] (the decoder's activations do).
+//! - the tiled kernel ([`qmatmul_tiled`](super::qmatmul_tiled)): tiles of 16 rows of `x` by 16
+//!   rows of `W` staged in workgroup memory. For products of [`TILED_MIN_ROWS`] rows or more
+//!   (prefill chunks) on GPUs.
+//!
+//! A row's result is bit-identical whatever the kernel, the batch or the number of rows per
+//! workgroup (tested), and every value of `W` is decoded exactly as the CPU does (each is an
+//! exact product in f32, so fused or not it is the same).
 //!
 //! **NaN and infinities** propagate as IEEE arithmetic has them, as in the CPU reference: a NaN
 //! or infinite value of `x`, or a block whose f16 scale is NaN or infinite, makes the outputs
@@ -23,13 +35,17 @@
 //! the token). Nothing is clamped or skipped.
 
 use crate::decoder::gguf::GgmlType;
+use crate::decoder::ops::qmatmul_rows::{Window, ROW_WG, X_WINDOW_BYTES};
+use crate::decoder::ops::qmatmul_tiled::{TILE_W_ROWS, TILE_X_ROWS};
 use crate::decoder::ops::{check_distinct, PreparedOp};
-use crate::gpu::dispatch::{bind, binding_limit, check_positive, max_bound_elems, mul};
+use crate::gpu::dispatch::{bind, binding_limit, check_positive, max_bound_elems, mul, Bound};
 use crate::gpu::{check_storage, Context};
 use crate::pipeline::PipelineKey;
 use crate::shader::{Kernel, Precision, ShaderVariant};
 use crate::{Error, Result};
 
+pub use crate::decoder::ops::qmatmul_rows::input_buffer;
+pub use crate::decoder::ops::qmatmul_tiled::TILED_MIN_ROWS;
 pub use crate::reference::qmatmul::{CHUNK, LANES};
 
 /// Lane groups per workgroup (the kernel's `GROUPS`).
@@ -38,8 +54,6 @@ const GROUPS: usize = 4;
 const W_ROWS: usize = 4;
 /// Rows of `W` per workgroup (lane mapping).
 pub const ROWS_OF_W: usize = GROUPS * W_ROWS;
-/// Invocations per workgroup of the row mapping (the kernel's `ROW_WG`).
-const ROW_WG: usize = 16;
 /// Most rows of `x` per workgroup (the kernel's largest `ROWS`).
 pub const MAX_X_ROWS: usize = 8;
 
@@ -261,7 +275,8 @@ pub struct QMatmulArgs<'a> {
     pub y_row: usize,
 }
 
-/// Rows of x per workgroup for a product of `rows` rows (bits do not depend on it).
+/// Rows of x per workgroup of the lane kernel for a product of `rows` rows (bits do not depend
+/// on it).
 fn x_rows_per_group(rows: usize) -> usize {
     match rows {
         1 => 1,
@@ -284,53 +299,81 @@ pub(crate) fn format_constants(ty: GgmlType) -> Vec<(&'static str, f64)> {
     ]
 }
 
-fn constants(ty: GgmlType, x_rows: usize, row_major: bool) -> Vec<(&'static str, f64)> {
+/// The lane kernel's constants: the format's and the rows of x per workgroup.
+fn lane_constants(ty: GgmlType, x_rows: usize) -> Vec<(&'static str, f64)> {
     let mut c = format_constants(ty);
     c.push(("ROWS", x_rows as f64));
-    c.push(("ROW_MAJOR", f64::from(u8::from(row_major))));
     c
 }
 
-/// Override constants for the naga tests: every type, one and eight rows of x.
+/// Override constants of the lane kernel for the naga tests: every type, one and eight rows
+/// of x.
 pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
     crate::decoder::blocks::SUPPORTED
         .iter()
-        .flat_map(|&ty| {
-            [false, true].map(|rm| [constants(ty, 1, rm), constants(ty, MAX_X_ROWS, rm)])
-        })
-        .flatten()
+        .flat_map(|&ty| [lane_constants(ty, 1), lane_constants(ty, MAX_X_ROWS)])
         .collect()
 }
 
-/// How the kernel's invocations share the work; both give every output the same bits (the
-/// same partials in the same order, then the same tree; a NaN output is NaN in both, with the
-/// sign IEEE arithmetic leaves to the operand order).
+/// Override constants of the row and tiled kernels for the naga tests: every type's format.
+pub fn format_representative_constants() -> Vec<Vec<(&'static str, f64)>> {
+    crate::decoder::blocks::SUPPORTED
+        .iter()
+        .map(|&ty| format_constants(ty))
+        .collect()
+}
+
+/// Which kernel computes a product; all give every output the same bits (the same partials in
+/// the same order, then the same tree; a NaN output is NaN in all, with the sign IEEE
+/// arithmetic leaves to the operand order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QMatmulMapping {
-    /// 16 lanes split a row of `W`, the partials added through workgroup memory (GPUs).
+    /// `qmatmul.wgsl`: 16 lanes split a row of `W`, each decoded chunk applied to up to 8 rows
+    /// of `x`, the partials added through workgroup memory (GPUs; any number of rows).
     Lanes,
-    /// An invocation owns whole rows of `W` and computes their 16 partials one after the
-    /// other, one row of x at a time (one-row products on CPU adapters, where loads are
-    /// costly and barriers expensive).
+    /// `qmatmul_rows.wgsl`: an invocation owns whole rows of `W` and computes their 16
+    /// partials one after the other, one row of `x` at a time, `x` read through a uniform
+    /// window (one-row products on CPU adapters, where loads are costly and barriers
+    /// expensive). Needs an `x` made by [`input_buffer`].
     Rows,
+    /// `qmatmul_tiled.wgsl`: tiles of 16 rows of `x` by 16 rows of `W` through workgroup
+    /// memory (products of many rows on GPUs).
+    Tiled,
 }
 
 impl QMatmulMapping {
-    /// The mapping [`prepare_qmatmul`] picks for a product of `rows` rows on the context's
-    /// adapter: [`Rows`](Self::Rows) for one row on a CPU adapter, else
-    /// [`Lanes`](Self::Lanes) (which decodes each weight once for up to 8 rows of x).
-    pub fn for_adapter(ctx: &Context, rows: usize) -> Self {
-        if ctx.caps().cpu_adapter && rows == 1 {
-            Self::Rows
+    /// The kernel [`prepare_qmatmul`] picks for `args` on the context's adapter: on a CPU
+    /// adapter [`Rows`](Self::Rows) for one row whose `x` it can read (else
+    /// [`Lanes`](Self::Lanes), which decodes each weight once for up to 8 rows of x); on a GPU
+    /// [`Tiled`](Self::Tiled) from [`TILED_MIN_ROWS`] rows, else [`Lanes`](Self::Lanes).
+    pub fn for_product(ctx: &Context, args: &QMatmulArgs<'_>) -> Self {
+        let (_, k) = args.w.shape();
+        if ctx.caps().cpu_adapter {
+            let first = args.x_row.saturating_mul(k);
+            if args.rows == 1 && Window::of(ctx, args.x, first, k).is_some() {
+                return Self::Rows;
+            }
+            Self::Lanes
+        } else if args.rows >= TILED_MIN_ROWS {
+            Self::Tiled
         } else {
             Self::Lanes
+        }
+    }
+
+    /// The kernel.
+    fn kernel(self) -> Kernel {
+        match self {
+            Self::Lanes => Kernel::QMatmul,
+            Self::Rows => Kernel::QMatmulRows,
+            Self::Tiled => Kernel::QMatmulTiled,
         }
     }
 }
 
 /// Checks `args` and prepares the product: one dispatch per part of the weight and per slice
-/// of rows that fits a storage binding and the workgroup grid. The mapping is the adapter's
-/// ([`QMatmulMapping::for_adapter`]).
+/// of rows that fits a binding and the workgroup grid. The kernel is the adapter's
+/// ([`QMatmulMapping::for_product`]).
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] when `rows` is 0, a buffer lacks `STORAGE` usage, `y` is `x`, or
@@ -338,13 +381,38 @@ impl QMatmulMapping {
 /// when one row of x or y exceeds a storage binding; [`Error::Wgpu`] or [`Error::Shader`]
 /// from wgpu. Nothing is created before every check has passed.
 pub fn prepare_qmatmul(ctx: &Context, args: &QMatmulArgs<'_>) -> Result<PreparedOp> {
-    prepare_qmatmul_mapped(ctx, args, QMatmulMapping::for_adapter(ctx, args.rows))
+    prepare_qmatmul_mapped(ctx, args, QMatmulMapping::for_product(ctx, args))
 }
 
-/// [`prepare_qmatmul`] with the mapping `mapping` (tests compare the two).
+/// How one slice of rows binds `x`.
+#[derive(Debug, Clone, Copy)]
+enum XBinding {
+    Storage(Bound),
+    Window(Window),
+}
+
+impl XBinding {
+    fn base(self) -> u32 {
+        match self {
+            Self::Storage(b) => b.base,
+            Self::Window(w) => w.base,
+        }
+    }
+
+    fn resource(self, x: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
+        match self {
+            Self::Storage(b) => b.resource(x),
+            Self::Window(w) => w.resource(x),
+        }
+    }
+}
+
+/// [`prepare_qmatmul`] with the kernel `mapping` (tests compare them).
 ///
 /// # Errors
-/// Those of [`prepare_qmatmul`].
+/// Those of [`prepare_qmatmul`]; [`Error::InvalidArgument`] for [`QMatmulMapping::Rows`] when
+/// `x` cannot be read through a uniform window (not made by
+/// [`input_buffer`], or rows longer than the window).
 pub fn prepare_qmatmul_mapped(
     ctx: &Context,
     args: &QMatmulArgs<'_>,
@@ -378,24 +446,54 @@ pub fn prepare_qmatmul_mapped(
     };
     fit(x_end)?;
     fit(y_end)?;
-    let x_rows = x_rows_per_group(rows);
-    let row_major = mapping == QMatmulMapping::Rows;
-    let w_per_group = if row_major {
-        ROW_WG * W_ROWS
-    } else {
-        ROWS_OF_W
-    };
     let max_groups = ctx.caps().max_compute_workgroups_per_dimension as usize;
-    let per_slice = (per_binding / k)
+    // Rows of x and of W per workgroup, the most rows of x one dispatch takes, and the
+    // kernel's constants.
+    let (x_per_group, w_per_group, x_limit, constants) = match mapping {
+        QMatmulMapping::Lanes => {
+            let xr = x_rows_per_group(rows);
+            (xr, ROWS_OF_W, per_binding / k, lane_constants(w.ty, xr))
+        }
+        QMatmulMapping::Rows => {
+            let most = Window::max_rows(ctx, k);
+            if most == 0 || Window::of(ctx, x, x_row * k, k).is_none() {
+                return Err(Error::InvalidArgument(format!(
+                    "qmatmul: the row kernel reads x through a uniform window of {} bytes: x \
+                     needs UNIFORM usage and the window's room after each row (make it with \
+                     qmatmul_rows::input_buffer) and rows of at most {} values (not {k})",
+                    X_WINDOW_BYTES,
+                    Window::max_rows(ctx, 1)
+                )));
+            }
+            (most, ROW_WG * W_ROWS, most, format_constants(w.ty))
+        }
+        QMatmulMapping::Tiled => (
+            TILE_X_ROWS,
+            TILE_W_ROWS,
+            per_binding / k,
+            format_constants(w.ty),
+        ),
+    };
+    let per_slice = x_limit
         .min(per_binding / n)
-        .min(max_groups * x_rows)
+        .min(max_groups * x_per_group)
         .max(1);
     // Every binding and uniform value first: nothing is created for a product that fails.
     let mut plans = Vec::new();
     let mut t0 = 0;
     while t0 < rows {
         let nt = per_slice.min(rows - t0);
-        let xs = bind(ctx, ((x_row + t0) * k) as u64, (nt * k) as u64)?;
+        let first = (x_row + t0) * k;
+        let xs = match mapping {
+            QMatmulMapping::Rows => {
+                XBinding::Window(Window::of(ctx, x, first, nt * k).ok_or_else(|| {
+                    Error::InvalidArgument(
+                        "qmatmul: x has no room for the row kernel's window".into(),
+                    )
+                })?)
+            }
+            _ => XBinding::Storage(bind(ctx, first as u64, (nt * k) as u64)?),
+        };
         let ys = bind(ctx, ((y_row + t0) * n) as u64, (nt * n) as u64)?;
         for (part, &(_, r0, nr)) in w.parts.iter().enumerate() {
             let params = QMatmulParams {
@@ -404,13 +502,13 @@ pub fn prepare_qmatmul_mapped(
                 n: nr as u32,
                 n_base: r0 as u32,
                 y_stride: n as u32,
-                x_base: xs.base,
+                x_base: xs.base(),
                 y_base: ys.base,
                 _pad0: 0,
             };
             let grid = [
                 nr.div_ceil(w_per_group) as u32,
-                nt.div_ceil(x_rows) as u32,
+                nt.div_ceil(x_per_group) as u32,
                 1,
             ];
             plans.push((part, params, xs, ys, grid));
@@ -418,8 +516,8 @@ pub fn prepare_qmatmul_mapped(
         t0 += nt;
     }
     let key = PipelineKey::new(
-        ShaderVariant::new(Kernel::QMatmul, Precision::F32),
-        &constants(w.ty, x_rows, row_major),
+        ShaderVariant::new(mapping.kernel(), Precision::F32),
+        &constants,
     );
     let pipeline = ctx.pipeline(&key)?;
     let mut uniforms = Vec::with_capacity(plans.len());
@@ -428,7 +526,7 @@ pub fn prepare_qmatmul_mapped(
         let uniform = ctx.uniform("qmatmul params", &params)?;
         let wbuf = &w.parts[part].0;
         dispatches.push(ctx.prepare_dispatch(
-            "qmatmul",
+            mapping.kernel().name(),
             &pipeline,
             &[
                 uniform.as_entire_binding(),

@@ -1,0 +1,57 @@
+// qmatmul_rows: y = W x over weights in a GGUF block format, the row mapping for CPU adapters
+// (src/decoder/ops/qmatmul_rows.rs). The same products and the same bits as qmatmul.wgsl (the
+// formats and the order of the sums: its header and lib/qmatmul_dot.wgsl).
+//
+// An invocation owns 4 rows of W ((wid.x * ROW_WG + lid) * 4 ...) and computes their LANES
+// partials one after another (partial l over chunks l, l + LANES, ...), then the tree in
+// registers: no workgroup memory and no barrier (a CPU adapter turns a barrier into a
+// coroutine switch). Rows of x are taken one at a time, each decoding the weights again: the
+// host picks this kernel for one-row products.
+//
+// x is read through a uniform binding of 64 KiB (X_VEC4 vec4s) from an offset aligned for
+// uniform bindings: on Mesa's llvmpipe and lavapipe a storage load whose address depends on a
+// loop is a loop over the SIMD lanes, one scalar at a time, while a uniform load is one
+// gather, and x is read once per 8 weights. The host binds the window only when the buffer has
+// UNIFORM usage and room for the whole window.
+
+@group(0) @binding(0) var<uniform> params: QMatmulParams;
+@group(0) @binding(1) var<uniform> x: array<vec4<f32>, X_VEC4>;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+// vec4s of the x window: 64 KiB, the smallest maxUniformBufferBindingSize WebGPU allows.
+const X_VEC4: u32 = 4096u;
+
+fn ggml_word(i: u32) -> u32 {
+    return w[i];
+}
+
+// Invocations per workgroup.
+override ROW_WG: u32 = 16u;
+
+// Row t of x's contribution: x values 8p .. 8p + 7 of its chunk (vec4 `xo` of row 0) against
+// the decoded weights.
+fn x_row_dot(w: Rows4, xo: u32, t: u32, acc: vec4<f32>) -> vec4<f32> {
+    let at = xo + t * (params.k / 4u);
+    return dot8x4(w, x[at], x[at + 1u], acc);
+}
+
+@compute @workgroup_size(ROW_WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let o0 = (wid.x * ROW_WG + lid) * 4u;
+    let chunks = params.k / 32u;
+    for (var t = 0u; t < params.rows; t++) {
+        var tree: array<vec4<f32>, LANES>;
+        for (var l = 0u; l < LANES; l++) {
+            var acc = vec4<f32>(0.0);
+            for (var c = l; c < chunks; c += LANES) {
+                let ch = chunks4(o0, chunks, c);
+                for (var p = 0u; p < 4u; p++) {
+                    acc = x_row_dot(rows4(ch, p), params.x_base / 4u + c * 8u + 2u * p, t, acc);
+                }
+            }
+            tree[l] = acc;
+        }
+        store4(t, o0, lane_tree(&tree));
+    }
+}
