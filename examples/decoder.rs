@@ -47,7 +47,7 @@ struct Args {
     /// The toy experiment at lengths 64 and 128 with a 256-token prefill
     #[arg(long, conflicts_with = "model")]
     quick: bool,
-    /// A Llama-family GGUF file (F32/F16/Q8_0/Q4_0/Q4_1 tensors) to generate text with
+    /// A Llama-family GGUF file (tensors F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) to generate text with
     #[arg(long, value_name = "FILE")]
     model: Option<PathBuf>,
     /// The user message

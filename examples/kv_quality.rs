@@ -49,7 +49,7 @@ const REFERENCE: KvDtype = KvDtype::F16;
 #[derive(Debug, Parser)]
 #[command(name = "kv_quality")]
 struct Args {
-    /// A Llama-family GGUF file (F32/F16/Q8_0/Q4_0/Q4_1 tensors)
+    /// A Llama-family GGUF file (tensors F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)
     #[arg(long, value_name = "FILE")]
     model: PathBuf,
     /// The text to feed, at least 1,000 tokens [default: examples/data/kv_quality.txt]

@@ -12,6 +12,7 @@
 
 pub mod kquants;
 pub mod legacy;
+pub mod quantize;
 
 use half::{bf16, f16};
 
