@@ -16,14 +16,15 @@
 
 @group(0) @binding(0) var<uniform> params: QMatmulParams;
 @group(0) @binding(1) var<uniform> x: array<vec4<f32>, X_VEC4>;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<uniform> w: array<vec4<u32>, X_VEC4>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
 // vec4s of the x window: 64 KiB, the smallest maxUniformBufferBindingSize WebGPU allows.
 const X_VEC4: u32 = 4096u;
 
 fn ggml_word(i: u32) -> u32 {
-    return w[i];
+    let j = params.w_base + i;
+    return w[j / 4u][j % 4u];
 }
 
 // Invocations per workgroup.

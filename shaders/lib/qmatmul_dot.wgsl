@@ -27,7 +27,8 @@ struct QMatmulParams {
     x_base: u32,
     // Index of the dispatch's first y row (column 0) inside the y binding.
     y_base: u32,
-    _pad0: u32,
+    // Index of the dispatch's first weight word inside the w binding (row kernel; 0 else).
+    w_base: u32,
 }
 
 // Partials per output (lanes of a row of W).

@@ -64,6 +64,13 @@ pub(crate) fn random_weight(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> 
     }
 }
 
+/// Rows of W making at least 64 KiB on the GPU (so that the row kernel reads it on a CPU
+/// adapter) with rows of `k` values of `ty`: an odd count.
+fn window_rows(ty: GgmlType, k: usize) -> usize {
+    let row = ty.bytes_for(k as u64).unwrap() as usize;
+    (65536 / row + 2) | 1
+}
+
 /// Rows of k values a test of `ty` uses: one chunk per lane or fewer, and more chunks than
 /// lanes (so that lanes take two).
 fn ks(ty: GgmlType) -> [usize; 2] {
@@ -92,7 +99,12 @@ fn run(
     let (n, _) = w.shape();
     let xb = input_buffer(ctx, "x", x).unwrap();
     let mut outs = Vec::new();
-    for mapping in MAPPINGS {
+    // The row kernel reads weights of 64 KiB or more uploaded on a CPU adapter.
+    let mappings: Vec<QMatmulMapping> = MAPPINGS
+        .into_iter()
+        .filter(|&m| m != QMatmulMapping::Rows || w.has_windows(ctx))
+        .collect();
+    for &mapping in &mappings {
         let yb = ctx.filled("y", y_rows * n, UNWRITTEN).unwrap();
         let args = QMatmulArgs {
             x: &xb,
@@ -117,7 +129,7 @@ fn run(
             .map(|f| if f.is_nan() { u32::MAX } else { f.to_bits() })
             .collect::<Vec<_>>()
     };
-    for (mapping, out) in MAPPINGS.iter().zip(&outs).skip(1) {
+    for (mapping, out) in mappings.iter().zip(&outs).skip(1) {
         assert_eq!(
             bits(&outs[0]),
             bits(out),
@@ -202,10 +214,20 @@ fn every_block_type_matches_the_cpu_reference_on_odd_shapes() {
         let mut exact = (0, 0, 0);
         // One row and three (4 rows of x a workgroup); a_row_gets_the_same_bits... takes the
         // other row counts. Each (type, rows) is three pipelines to compile (the kernels).
-        for (k, (n, rows, x_row, y_row)) in ks(ty).into_iter().zip([(13, 1, 1, 2), (7, 3, 0, 1)]) {
+        // The second weight is at least 64 KiB: the row kernel reads it on CPU adapters.
+        let [k0, k1] = ks(ty);
+        for (k, (n, rows, x_row, y_row)) in
+            [(k0, (13, 1, 1, 2)), (k1, (window_rows(ty, k1), 3, 0, 1))]
+        {
             for rows in [rows, 4 - rows] {
                 let w = random_weight(&mut rng, ty, n, k);
                 let weight = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
+                if k == k1 && ctx.caps().cpu_adapter {
+                    assert!(
+                        weight.has_windows(ctx),
+                        "{ty}: the row kernel cannot read it"
+                    );
+                }
                 let x = rng.normals((x_row + rows + 1) * k, 1.0);
                 let y = run(ctx, &weight, &x, (x_row, rows, y_row, y_row + rows + 1));
                 let xs = &x[x_row * k..(x_row + rows) * k];
@@ -239,7 +261,8 @@ fn a_row_gets_the_same_bits_alone_or_in_any_batch() {
         GgmlType::Q6_K,
         GgmlType::F16,
     ] {
-        let (n, k) = (9, ks(ty)[1]);
+        let k = ks(ty)[1];
+        let n = window_rows(ty, k);
         let w = random_weight(&mut rng, ty, n, k);
         let weight = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
         let rows = 37;
@@ -288,7 +311,14 @@ fn a_weight_past_one_binding_is_split_by_rows_with_the_same_bits() {
     let w = random_weight(&mut rng, ty, n, k);
     let split = QWeight::upload(capped, "w", ty, (n, k), &w).unwrap();
     assert!(split.num_parts() >= 2, "{} parts", split.num_parts());
-    assert_eq!(split.gpu_bytes(), (n * 288) as u64);
+    // The rows, plus on CPU adapters at most a 64 KiB minimum or 256 bytes of room per part.
+    let rows_bytes = (n * 288) as u64;
+    assert!(
+        split.gpu_bytes() >= rows_bytes
+            && split.gpu_bytes() <= rows_bytes + 65536 * split.num_parts() as u64,
+        "{} bytes on the GPU",
+        split.gpu_bytes()
+    );
     let whole = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
     assert_eq!(whole.num_parts(), 1);
     // y (70 x 300 f32, 84,000 bytes) is bound in slices of rows too.

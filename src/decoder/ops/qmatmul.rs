@@ -35,7 +35,7 @@
 //! the token). Nothing is clamped or skipped.
 
 use crate::decoder::gguf::GgmlType;
-use crate::decoder::ops::qmatmul_rows::{Window, ROW_WG, X_WINDOW_BYTES};
+use crate::decoder::ops::qmatmul_rows::{window_resource, Window, ROW_WG, X_WINDOW_BYTES};
 use crate::decoder::ops::qmatmul_tiled::{TILE_W_ROWS, TILE_X_ROWS};
 use crate::decoder::ops::{check_distinct, PreparedOp};
 use crate::gpu::dispatch::{bind, binding_limit, check_positive, max_bound_elems, mul, Bound};
@@ -74,8 +74,8 @@ crate::wgsl_struct! {
         pub x_base: u32,
         /// Index of the dispatch's first y row inside the y binding.
         pub y_base: u32,
-        /// Padding.
-        pub _pad0: u32,
+        /// Index of the dispatch's first weight word inside the w binding (row kernel).
+        pub w_base: u32,
     }
 }
 
@@ -202,7 +202,16 @@ impl QWeight {
             });
         }
         let limit = binding_limit(ctx);
-        let per_part = (limit / (words as u64 * 4)) as usize;
+        // On CPU adapters the row kernel reads a weight of a window or more through uniform
+        // windows (weight_windows): each part gets one offset alignment of room after its rows
+        // and is at least one window long (only a last part can be shorter).
+        let windows = ctx.caps().cpu_adapter && (n * words * 4) as u64 >= X_WINDOW_BYTES;
+        let room = if windows {
+            u64::from(ctx.device.limits().min_uniform_buffer_offset_alignment)
+        } else {
+            0
+        };
+        let per_part = (limit.saturating_sub(room) / (words as u64 * 4)) as usize;
         if per_part == 0 {
             return Err(Error::TooLarge {
                 what: format!("one row of qmatmul weight {label}"),
@@ -218,8 +227,19 @@ impl QWeight {
         while r0 < n {
             let rows = per_part.min(n - r0);
             let packed = pack_rows(ty, k, &data[r0 * row_bytes..(r0 + rows) * row_bytes])?;
-            bytes += packed.len() as u64 * 4;
-            parts.push((ctx.upload(label, &packed)?, r0, rows));
+            let buffer = if windows {
+                let data: &[u8] = bytemuck::cast_slice(&packed);
+                ctx.buffer_with(
+                    label,
+                    data,
+                    (data.len() as u64 + room).max(X_WINDOW_BYTES),
+                    crate::gpu::STORAGE | wgpu::BufferUsages::UNIFORM,
+                )?
+            } else {
+                ctx.upload(label, &packed)?
+            };
+            bytes += buffer.size();
+            parts.push((buffer, r0, rows));
             r0 += rows;
         }
         Ok(Self {
@@ -241,9 +261,16 @@ impl QWeight {
         (self.n, self.k)
     }
 
-    /// Bytes the weight takes on the GPU.
+    /// Bytes the weight takes on the GPU (its buffers, with their padding: on CPU adapters
+    /// each part is at least 64 KiB and has 256 bytes or so of room after its rows).
     pub fn gpu_bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Whether the row kernel ([`QMatmulMapping::Rows`]) can read it: uploaded on a CPU
+    /// adapter, at least 64 KiB, rows of at most 64 KiB.
+    pub fn has_windows(&self, ctx: &Context) -> bool {
+        weight_windows(ctx, self).is_some()
     }
 
     /// Buffers it is split into.
@@ -350,7 +377,10 @@ impl QMatmulMapping {
         let (_, k) = args.w.shape();
         if ctx.caps().cpu_adapter {
             let first = args.x_row.saturating_mul(k);
-            if args.rows == 1 && Window::of(ctx, args.x, first, k).is_some() {
+            if args.rows == 1
+                && Window::of(ctx, args.x, first, k).is_some()
+                && weight_windows(ctx, args.w).is_some()
+            {
                 return Self::Rows;
             }
             Self::Lanes
@@ -407,12 +437,71 @@ impl XBinding {
     }
 }
 
+/// The rows of `W` one dispatch binds: part `part`, whole or from a uniform window at `window`
+/// (bytes), its first word `base` words into the binding; rows `r0 .. r0 + nr` of `W`.
+#[derive(Debug, Clone, Copy)]
+struct WSlice {
+    part: usize,
+    window: Option<u64>,
+    base: u32,
+    r0: usize,
+    nr: usize,
+}
+
+impl WSlice {
+    fn resource(self, buffer: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
+        match self.window {
+            None => buffer.as_entire_binding(),
+            Some(offset) => window_resource(buffer, offset),
+        }
+    }
+}
+
+/// `w` cut into uniform windows of whole rows for the row kernel; `None` when it was not
+/// uploaded for them (UNIFORM usage, a window's room after each part) or a row does not fit.
+fn weight_windows(ctx: &Context, w: &QWeight) -> Option<Vec<WSlice>> {
+    let row_words = row_words(w.ty, w.k)? as u64;
+    let align = u64::from(ctx.device.limits().min_uniform_buffer_offset_alignment).max(4);
+    let window_words = X_WINDOW_BYTES / 4;
+    let mut out = Vec::new();
+    for (part, (buffer, r0, nr)) in w.parts.iter().enumerate() {
+        if !buffer.usage().contains(wgpu::BufferUsages::UNIFORM) {
+            return None;
+        }
+        let mut r = 0;
+        while r < *nr {
+            let start = r as u64 * row_words * 4;
+            let mut offset = start / align * align;
+            if offset + X_WINDOW_BYTES > buffer.size() {
+                // The last window ends at the buffer's end (its rows end at least one
+                // alignment before it).
+                offset = buffer.size().checked_sub(X_WINDOW_BYTES)? / align * align;
+            }
+            let base = (start - offset) / 4;
+            let fit = (window_words.checked_sub(base)? / row_words) as usize;
+            if fit == 0 {
+                return None;
+            }
+            let count = fit.min(nr - r);
+            out.push(WSlice {
+                part,
+                window: Some(offset),
+                base: base as u32,
+                r0: r0 + r,
+                nr: count,
+            });
+            r += count;
+        }
+    }
+    Some(out)
+}
+
 /// [`prepare_qmatmul`] with the kernel `mapping` (tests compare them).
 ///
 /// # Errors
 /// Those of [`prepare_qmatmul`]; [`Error::InvalidArgument`] for [`QMatmulMapping::Rows`] when
-/// `x` cannot be read through a uniform window (not made by
-/// [`input_buffer`], or rows longer than the window).
+/// `x` cannot be read through a uniform window (not made by [`input_buffer`], or rows longer
+/// than the window) or `w` cannot ([`QWeight::has_windows`]).
 pub fn prepare_qmatmul_mapped(
     ctx: &Context,
     args: &QMatmulArgs<'_>,
@@ -478,6 +567,29 @@ pub fn prepare_qmatmul_mapped(
         .min(per_binding / n)
         .min(max_groups * x_per_group)
         .max(1);
+    // The rows of W each dispatch binds: whole parts, or for the row kernel windows of whole
+    // rows.
+    let w_slices = match mapping {
+        QMatmulMapping::Rows => weight_windows(ctx, w).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "qmatmul: the row kernel reads W through uniform windows of {X_WINDOW_BYTES} \
+                 bytes: the weight must be uploaded on a CPU adapter, at least one window \
+                 long, with rows that fit one (QWeight::has_windows)"
+            ))
+        })?,
+        _ => w
+            .parts
+            .iter()
+            .enumerate()
+            .map(|(part, &(_, r0, nr))| WSlice {
+                part,
+                window: None,
+                base: 0,
+                r0,
+                nr,
+            })
+            .collect(),
+    };
     // Every binding and uniform value first: nothing is created for a product that fails.
     let mut plans = Vec::new();
     let mut t0 = 0;
@@ -495,7 +607,8 @@ pub fn prepare_qmatmul_mapped(
             _ => XBinding::Storage(bind(ctx, first as u64, (nt * k) as u64)?),
         };
         let ys = bind(ctx, ((y_row + t0) * n) as u64, (nt * n) as u64)?;
-        for (part, &(_, r0, nr)) in w.parts.iter().enumerate() {
+        for &ws in &w_slices {
+            let (r0, nr) = (ws.r0, ws.nr);
             let params = QMatmulParams {
                 rows: nt as u32,
                 k: k as u32,
@@ -504,14 +617,14 @@ pub fn prepare_qmatmul_mapped(
                 y_stride: n as u32,
                 x_base: xs.base(),
                 y_base: ys.base,
-                _pad0: 0,
+                w_base: ws.base,
             };
             let grid = [
                 nr.div_ceil(w_per_group) as u32,
                 nt.div_ceil(x_per_group) as u32,
                 1,
             ];
-            plans.push((part, params, xs, ys, grid));
+            plans.push((ws, params, xs, ys, grid));
         }
         t0 += nt;
     }
@@ -522,16 +635,16 @@ pub fn prepare_qmatmul_mapped(
     let pipeline = ctx.pipeline(&key)?;
     let mut uniforms = Vec::with_capacity(plans.len());
     let mut dispatches = Vec::with_capacity(plans.len());
-    for (part, params, xs, ys, grid) in plans {
+    for (ws, params, xs, ys, grid) in plans {
         let uniform = ctx.uniform("qmatmul params", &params)?;
-        let wbuf = &w.parts[part].0;
+        let wbuf = &w.parts[ws.part].0;
         dispatches.push(ctx.prepare_dispatch(
             mapping.kernel().name(),
             &pipeline,
             &[
                 uniform.as_entire_binding(),
                 xs.resource(x),
-                wbuf.as_entire_binding(),
+                ws.resource(wbuf),
                 ys.resource(y),
             ],
             grid,

@@ -77,10 +77,15 @@ impl Window {
 
     /// The binding resource for `x`.
     pub fn resource(self, x: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
-        const SIZE: NonZeroU64 = match NonZeroU64::new(X_WINDOW_BYTES) {
-            Some(size) => size,
-            None => panic!("an empty window"),
-        };
-        range(x, self.offset, SIZE)
+        window_resource(x, self.offset)
     }
+}
+
+/// The window of `buffer` from `offset` (bytes, aligned) as a binding.
+pub(crate) fn window_resource(buffer: &wgpu::Buffer, offset: u64) -> wgpu::BindingResource<'_> {
+    const SIZE: NonZeroU64 = match NonZeroU64::new(X_WINDOW_BYTES) {
+        Some(size) => size,
+        None => panic!("an empty window"),
+    };
+    range(buffer, offset, SIZE)
 }
