@@ -74,8 +74,12 @@ pub(super) fn render(template: &str, input: &ChatInput<'_>) -> Result<String> {
         .iter()
         .map(|&(role, content)| context! { role => role, content => content })
         .collect();
+    // As Hugging Face passes them: no tools and no documents are `none`, not undefined
+    // (`tools is not none` must be false).
     let rendered = compiled.render(context! {
         messages => messages,
+        tools => Value::from(()),
+        documents => Value::from(()),
         add_generation_prompt => input.add_generation_prompt,
         bos_token => input.bos_token.as_str(),
         eos_token => input.eos_token.as_str(),
@@ -424,6 +428,14 @@ mod tests {
         );
         let out = render_with(SYS_BLOCK, &[("user", "x")], true).unwrap();
         assert_eq!(out, "<s>[INST] x [/INST]\n");
+    }
+
+    #[test]
+    fn no_tools_is_none() {
+        let t =
+            "{% if tools is not none %}tools{% endif %}{% if documents is none %}none{% endif %}\
+                 {% if tools %}T{% endif %}{{ messages | length }}";
+        assert_eq!(render_with(t, &[("user", "x")], true).unwrap(), "none1");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!
 //! Two tokenizer models, as llama.cpp names them in `tokenizer.ggml.model`:
 //!
-//! - **`gpt2`, byte-level BPE** (SmolLM2, Llama 3, Qwen2, ...; [`bpe`](self) in the source).
+//! - **`gpt2`, byte-level BPE** (SmolLM2, Llama 3, Qwen2, ...).
 //!   Control and user-defined tokens (`<|im_start|>`, ...) written in the text map to their own
 //!   ids (the longest one wins where several start at the same place). The rest is pre-split by
 //!   the regex of the file's `tokenizer.ggml.pre` ([`PreTokenizer`]: `gpt2`, `smollm`/`starcoder`,
@@ -616,8 +616,9 @@ impl Tokenizer {
     /// Renders a conversation with the model's chat template (`tokenizer.chat_template`), as
     /// Hugging Face's `apply_chat_template` does: `messages` as `(role, content)` pairs, then
     /// the opening of the assistant's turn when `add_generation_prompt`. The template also sees
-    /// `bos_token` and `eos_token` (the tokens' text), `raise_exception(message)` and
-    /// `strftime_now(format)` (today's date in UTC from the system clock).
+    /// `bos_token` and `eos_token` (the tokens' text), `tools` and `documents` (none),
+    /// `raise_exception(message)` and `strftime_now(format)` (today's date in UTC from the
+    /// system clock).
     ///
     /// # Errors
     /// [`Error::Tokenizer`] when the model has no chat template or the template does not
