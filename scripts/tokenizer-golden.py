@@ -83,6 +83,8 @@ CASES = [
     "emoji 🦀🚀 family 👨‍👩‍👧 flag 🇫🇷 done",
     "def f(x):\n    return x * 2\n",
     "non-breaking\u00a0space and ideographic\u3000space",
+    "a \n\n b  \ny\t\tword   123 x\u2003y",
+    "it's IT'S It'S 'tis 'Ll",
     "",
     "a",
     " ",
