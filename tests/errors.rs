@@ -130,15 +130,14 @@ mod decoder {
 
     #[test]
     fn tokenizer_errors_are_the_tokenizer_variant() {
-        // An unsupported tokenizer model in an otherwise valid file.
-        let file = GgufFile::parse(gguf_with_strings(&[("tokenizer.ggml.model", "llama")]))
+        // An unsupported tokenizer model in an otherwise valid file: named, with the supported
+        // ones.
+        let file = GgufFile::parse(gguf_with_strings(&[("tokenizer.ggml.model", "t5")]))
             .expect("a valid GGUF file");
         match Tokenizer::from_gguf(&file) {
             Err(Error::Tokenizer(m)) => {
-                assert!(
-                    m.contains("\"llama\"") && m.contains("not supported"),
-                    "{m}"
-                )
+                assert!(m.contains("\"t5\"") && m.contains("not supported"), "{m}");
+                assert!(m.contains("\"gpt2\"") && m.contains("\"llama\""), "{m}");
             }
             other => panic!("expected Error::Tokenizer, got {:?}", other.err()),
         }
@@ -154,12 +153,7 @@ mod decoder {
             token_types: Vec::new(),
             merges: vec!["a b".into()],
             pre: PreTokenizer::Gpt2,
-            bos: None,
-            eos: None,
-            unk: None,
-            pad: None,
-            add_bos: false,
-            chat_template: None,
+            ..TokenizerConfig::default()
         };
         match Tokenizer::new(config) {
             Err(e @ Error::Tokenizer(_)) => {

@@ -1538,6 +1538,14 @@ pub(crate) mod tests {
             }
             self.raw(key, 9, &p)
         }
+        pub fn f32_array(&mut self, key: &str, v: &[f32]) -> &mut Self {
+            let mut p = 6u32.to_le_bytes().to_vec();
+            p.extend_from_slice(&(v.len() as u64).to_le_bytes());
+            for x in v {
+                p.extend_from_slice(&x.to_le_bytes());
+            }
+            self.raw(key, 9, &p)
+        }
         pub fn tensor(
             &mut self,
             name: &str,

@@ -1,8 +1,9 @@
 //! A Llama-family decoder on kvattn's kernels (ARCHITECTURE.md sections 9 and 15): the forward
 //! pass on the GPU ([`model`], with the element-wise kernels and the block-format products of
 //! [`ops`], the weights of [`weights`]), loading GGUF models ([`gguf`], [`load`], the block
-//! formats of [`blocks`]; [`gguf_writer`] writes them), the GPT-2 byte-level BPE tokenizer with ChatML prompts
-//! ([`tokenizer`]), sampling on the host ([`sampling`]), text generation ([`generate`]) and the
+//! formats of [`blocks`]; [`gguf_writer`] writes them), the tokenizers (byte-level BPE and
+//! SentencePiece) with prompts from the file's chat template ([`tokenizer`]), sampling on the
+//! host ([`sampling`]), text generation ([`generate`]) and the
 //! KV-cache article's toy experiment ([`toy`]).
 
 pub mod blocks;
