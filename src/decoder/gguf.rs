@@ -32,6 +32,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use super::blocks::{dequantize, dequantize_into};
+use crate::rope::RopeStyle;
 use crate::{Error, Result};
 
 /// The four bytes every GGUF file starts with.
@@ -1254,16 +1255,21 @@ fn strip(e: Error) -> String {
     }
 }
 
-/// Architectures whose GGUF keys and tensors follow the Llama layout (`{arch}.block_count`, ...).
-pub const LLAMA_ARCHITECTURES: &[&str] = &["llama"];
+/// Architectures whose GGUF keys and tensors follow the Llama layout (`{arch}.block_count`, ...):
+/// `llama` (Llama 2 and 3.x, SmolLM, Mistral) and `qwen2` (Qwen2, Qwen2.5: biases on the Q, K
+/// and V products, NeoX-style RoPE).
+pub const LLAMA_ARCHITECTURES: &[&str] = &["llama", "qwen2"];
 
 /// Hyper-parameters of a Llama-family model, read from GGUF metadata.
 ///
-/// Note for the forward pass: llama.cpp's converter permutes the rows of `attn_q` and `attn_k`
-/// so that each rotary pair is two *adjacent* elements; weights from a GGUF `llama` file take
-/// GPT-J style RoPE ([`crate::rope::RopeStyle::GptJ`]), not NeoX.
+/// Note for the forward pass: for `llama` files, llama.cpp's converter permutes the rows of
+/// `attn_q` and `attn_k` so that each rotary pair is two *adjacent* elements: they take GPT-J
+/// style RoPE ([`crate::rope::RopeStyle::GptJ`]). It leaves `qwen2` rows as Hugging Face has
+/// them: NeoX style ([`LlamaHyper::rope_style`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaHyper {
+    /// `general.architecture`, one of [`LLAMA_ARCHITECTURES`].
+    pub architecture: String,
     /// Transformer blocks (`{arch}.block_count`).
     pub n_layers: usize,
     /// Hidden size (`{arch}.embedding_length`).
@@ -1289,13 +1295,18 @@ pub struct LlamaHyper {
     pub context_length: usize,
     /// True when there is no `output.weight`: the output projection is `token_embd.weight`.
     pub tied_embeddings: bool,
+    /// True when the Q, K and V products have biases (`blk.N.attn_q.bias`, `attn_k.bias`,
+    /// `attn_v.bias`): always for `qwen2`; for `llama` when the file has `blk.0.attn_q.bias`
+    /// (llama.cpp accepts them there too). Then every layer must have all three.
+    pub qkv_bias: bool,
 }
 
 impl LlamaHyper {
     /// Reads and checks the hyper-parameters: the architecture is one of
     /// [`LLAMA_ARCHITECTURES`], sizes are positive, `n_heads` is a multiple of `n_kv_heads`,
     /// `head_dim` divides evenly, `rope_dim` is even and at most `head_dim`, epsilon and theta
-    /// are finite and positive, and `token_embd.weight` (when present) is `[d_model, vocab]`.
+    /// are finite and positive, RoPE is not scaled ([`check_rope_scaling`]), and
+    /// `token_embd.weight` (when present) is `[d_model, vocab]`.
     /// [`LlamaHyper::check_tensors`] checks the rest of the tensor table.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let arch = file.get_str("general.architecture")?;
@@ -1365,6 +1376,7 @@ impl LlamaHyper {
                 "rope.freq_base {rope_base} must be finite and positive"
             )));
         }
+        check_rope_scaling(file, arch)?;
         let rms_eps = file
             .get_f32_opt(&key("attention.layer_norm_rms_epsilon"))?
             .unwrap_or(1e-5);
@@ -1396,6 +1408,7 @@ impl LlamaHyper {
             }
         }
         Ok(Self {
+            architecture: arch.to_string(),
             n_layers,
             d_model,
             n_heads,
@@ -1408,12 +1421,25 @@ impl LlamaHyper {
             vocab_size,
             context_length,
             tied_embeddings: file.tensor("output.weight").is_none(),
+            qkv_bias: arch == "qwen2" || file.tensor("blk.0.attn_q.bias").is_some(),
         })
+    }
+
+    /// The RoPE pairing the file's Q and K rows need: GPT-J for `llama` (rows permuted by the
+    /// converter), NeoX for `qwen2`.
+    pub fn rope_style(&self) -> RopeStyle {
+        if self.architecture == "qwen2" {
+            RopeStyle::NeoX
+        } else {
+            RopeStyle::GptJ
+        }
     }
 
     /// The tensors a Llama model needs and their dims (`ne0` first): `token_embd.weight`,
     /// `output_norm.weight`, `output.weight` unless tied, and per block `attn_norm`, `attn_q`,
-    /// `attn_k`, `attn_v`, `attn_output`, `ffn_norm`, `ffn_gate`, `ffn_up`, `ffn_down`.
+    /// `attn_k`, `attn_v`, `attn_output`, `ffn_norm`, `ffn_gate`, `ffn_up`, `ffn_down` (each
+    /// `.weight`), with `attn_q.bias`, `attn_k.bias` and `attn_v.bias` when
+    /// [`qkv_bias`](Self::qkv_bias).
     pub fn expected_tensors(&self) -> Vec<(String, Vec<u64>)> {
         let d = self.d_model as u64;
         let q = (self.n_heads * self.head_dim) as u64;
@@ -1441,13 +1467,39 @@ impl LlamaHyper {
             ] {
                 out.push((format!("blk.{i}.{name}.weight"), dims));
             }
+            if self.qkv_bias {
+                for (name, n) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+                    out.push((format!("blk.{i}.{name}.bias"), vec![n]));
+                }
+            }
         }
         out
     }
 
-    /// Checks that every tensor of [`LlamaHyper::expected_tensors`] is present with its dims.
+    /// Checks that every tensor of [`LlamaHyper::expected_tensors`] is present with its dims
+    /// and a type kvattn reads, and that the file has no other tensor: one the forward pass
+    /// would ignore (`rope_freqs.weight`, Llama 3.1's RoPE frequency factors; an
+    /// `attn_output.bias`; a bias of another layer) is refused by name rather than giving
+    /// wrong logits.
     pub fn check_tensors(&self, file: &GgufFile) -> Result<()> {
-        for (name, dims) in self.expected_tensors() {
+        let expected = self.expected_tensors();
+        if let Some(t) = file
+            .tensors()
+            .iter()
+            .find(|t| !expected.iter().any(|(name, _)| *name == t.name))
+        {
+            let why = if t.name == "rope_freqs.weight" {
+                " (per-dimension RoPE frequency factors, Llama 3.1 style RoPE scaling)"
+            } else {
+                ""
+            };
+            return Err(gguf_err(format!(
+                "tensor {}{why} is not supported for architecture {:?}: kvattn's decoder \
+                 would ignore it",
+                t.name, self.architecture
+            )));
+        }
+        for (name, dims) in expected {
             let t = file
                 .tensor(&name)
                 .ok_or_else(|| gguf_err(format!("tensor {name} is missing")))?;
@@ -1468,6 +1520,32 @@ impl LlamaHyper {
             }
         }
         Ok(())
+    }
+}
+
+/// Refuses scaled RoPE, which the decoder does not implement: a `{arch}.rope.scaling.type`
+/// other than `none` (or `linear` with a factor of 1), a `{arch}.rope.scaling.factor` or
+/// `{arch}.rope.scale_linear` other than 1 (0 counts as unset, as in llama.cpp); the error
+/// names the key and its value.
+pub fn check_rope_scaling(file: &GgufFile, arch: &str) -> Result<()> {
+    let unscaled = |k: &str| -> Result<bool> {
+        Ok(file
+            .get_f32_opt(&format!("{arch}.{k}"))?
+            .is_none_or(|v| v == 0.0 || v == 1.0))
+    };
+    for k in ["rope.scaling.factor", "rope.scale_linear"] {
+        if !unscaled(k)? {
+            let v = file.get_f32(&format!("{arch}.{k}"))?;
+            return Err(gguf_err(format!(
+                "RoPE scaling ({arch}.{k} = {v}) is not supported"
+            )));
+        }
+    }
+    match file.get_str_opt(&format!("{arch}.rope.scaling.type"))? {
+        None | Some("none") | Some("linear") => Ok(()),
+        Some(other) => Err(gguf_err(format!(
+            "RoPE scaling type {other:?} ({arch}.rope.scaling.type) is not supported"
+        ))),
     }
 }
 
@@ -1958,6 +2036,7 @@ pub(crate) mod tests {
         assert_eq!(
             h,
             LlamaHyper {
+                architecture: "llama".into(),
                 n_layers: 2,
                 d_model: 64,
                 n_heads: 4,
@@ -1970,8 +2049,10 @@ pub(crate) mod tests {
                 vocab_size: 10,
                 context_length: 256,
                 tied_embeddings: true,
+                qkv_bias: false,
             }
         );
+        assert_eq!(h.rope_style(), RopeStyle::GptJ);
         let names = h.expected_tensors();
         assert_eq!(names.len(), 2 + 2 * 9);
         assert!(h

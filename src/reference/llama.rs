@@ -1,6 +1,7 @@
 //! CPU reference of the Llama-family decoder's forward pass: the oracle of
 //! [`Decoder`](crate::decoder::model::Decoder). Plain loops with f64 accumulation for the norms
-//! and matrix products, [`rope`](super::rope::rope) for the rotary embedding and
+//! and matrix products (each output rounded once to f32, then the layer's Q/K/V bias, if any,
+//! added in f32), [`rope`](super::rope::rope) for the rotary embedding and
 //! [`attention`](super::attention()) (causal) for attention, on one sequence.
 
 use crate::attention::{AttentionOptions, RaggedBatch};
@@ -39,6 +40,16 @@ fn linear(x: &[f32], w: &[f32], k: usize, n: usize) -> Vec<f32> {
     y
 }
 
+/// `y[t] += b` for every row `t` of `y`, when there is a bias.
+fn add_bias(mut y: Vec<f32>, bias: Option<&[f32]>) -> Vec<f32> {
+    if let Some(b) = bias {
+        for row in y.chunks_mut(b.len()) {
+            row.iter_mut().zip(b).for_each(|(v, &b)| *v += b);
+        }
+    }
+    y
+}
+
 /// The residual stream `[tokens.len(), d_model]` after the first `layers` layers.
 fn hidden(
     config: &DecoderConfig,
@@ -70,9 +81,9 @@ fn hidden(
     let options = AttentionOptions::default();
     for w in &weights.layers[..n_layers] {
         let h = rms_norm(&x, &w.attn_norm, c.rms_eps);
-        let q = linear(&h, &w.wq, d, c.q_dim());
-        let k = linear(&h, &w.wk, d, c.kv_dim());
-        let v = linear(&h, &w.wv, d, c.kv_dim());
+        let q = add_bias(linear(&h, &w.wq, d, c.q_dim()), w.bq.as_deref());
+        let k = add_bias(linear(&h, &w.wk, d, c.kv_dim()), w.bk.as_deref());
+        let v = add_bias(linear(&h, &w.wv, d, c.kv_dim()), w.bv.as_deref());
         let q = super::rope::rope(&q, &positions, &c.rope(c.n_heads))?;
         let k = super::rope::rope(&k, &positions, &c.rope(c.n_kv_heads))?;
         let cu = [0u32, t as u32];

@@ -17,6 +17,8 @@ mod decoder_blocks;
 #[cfg(feature = "decoder")]
 mod decoder_ops;
 mod embedding;
+#[cfg(feature = "decoder")]
+mod gguf_writer;
 mod gpu_errors;
 mod head_matmul;
 mod kv_load;
