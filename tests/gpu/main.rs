@@ -13,6 +13,8 @@ mod decode;
 #[cfg(feature = "decoder")]
 mod decoder;
 #[cfg(feature = "decoder")]
+mod decoder_arch;
+#[cfg(feature = "decoder")]
 mod decoder_blocks;
 #[cfg(feature = "decoder")]
 mod decoder_ops;

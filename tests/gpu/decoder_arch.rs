@@ -1,0 +1,246 @@
+//! Small synthetic models of each architecture the GGUF loader takes, written as GGUF files by
+//! the test (random weights, odd sizes, GQA, a head dim set by `attention.key_length`), loaded
+//! through the real path (`GgufFile::open`, `LlamaHyper::from_gguf`, `decoder_config`,
+//! `GgufSource`, `Decoder::upload_from`) and run on the GPU against `reference::llama` on the
+//! same weights: `llama` with a separate output projection, `llama` with the optional Q/K/V
+//! biases and tied embeddings, `qwen2` (Q/K/V biases, tied embeddings, NeoX RoPE). The qwen2
+//! model also keeps the decoder's batch invariance bit for bit.
+
+use kvattn::cache::paged::{PagedKvCache, PoolSize};
+use kvattn::decoder::gguf::{GgufFile, LlamaHyper};
+use kvattn::decoder::load::{decoder_config, host_weights, GgufSource};
+use kvattn::decoder::model::{Decoder, DecoderConfig, HostLayer, HostWeights};
+use kvattn::decoder::weights::LayerMatrix;
+use kvattn::quant::KvDtype;
+use kvattn::reference::llama::llama_logits;
+use kvattn::rope::RopeStyle;
+use kvattn::shader::Precision;
+
+use crate::common::{gpu, max_abs_err, output_scale, Rng};
+use crate::gguf_writer::{f32_blocks, temp_dir, GgufWriter};
+
+/// The shape of the synthetic models: 6 query heads on 2 KV heads of 12 dims (72 wide) on a
+/// residual of 80, an MLP of 96, a vocabulary of 75. The RoPE base and epsilon are Qwen2.5's.
+fn shape(style: RopeStyle) -> DecoderConfig {
+    DecoderConfig {
+        layers: 2,
+        d_model: 80,
+        n_heads: 6,
+        n_kv_heads: 2,
+        head_dim: 12,
+        ffn: 96,
+        vocab: 75,
+        rope_theta: 1_000_000.0,
+        rope_style: style,
+        rms_eps: 1e-6,
+    }
+}
+
+/// Seeded random weights for `c` (matrices scaled by `1 / sqrt(fan_in)`, norms near 1), with
+/// Q/K/V biases of scale 0.5 when `biases`, and an output projection unless `tied`.
+fn weights(c: &DecoderConfig, seed: u64, biases: bool, tied: bool) -> HostWeights {
+    let mut r = Rng::new(seed);
+    let d = c.d_model;
+    let fan = |n: usize| 1.0 / (n as f32).sqrt();
+    let norm = |r: &mut Rng| -> Vec<f32> { r.normals(d, 0.1).iter().map(|x| 1.0 + x).collect() };
+    let bias = |r: &mut Rng, n: usize| biases.then(|| r.normals(n, 0.5));
+    let layers = (0..c.layers)
+        .map(|_| HostLayer {
+            attn_norm: norm(&mut r),
+            wq: r.normals(c.q_dim() * d, fan(d)),
+            wk: r.normals(c.kv_dim() * d, fan(d)),
+            wv: r.normals(c.kv_dim() * d, fan(d)),
+            wo: r.normals(d * c.q_dim(), fan(c.q_dim())),
+            bq: bias(&mut r, c.q_dim()),
+            bk: bias(&mut r, c.kv_dim()),
+            bv: bias(&mut r, c.kv_dim()),
+            ffn_norm: norm(&mut r),
+            w_gate: r.normals(c.ffn * d, fan(d)),
+            w_up: r.normals(c.ffn * d, fan(d)),
+            w_down: r.normals(d * c.ffn, fan(c.ffn)),
+        })
+        .collect();
+    HostWeights {
+        embed: r.normals(c.vocab * d, 1.0),
+        layers,
+        final_norm: norm(&mut r),
+        lm_head: (!tied).then(|| r.normals(c.vocab * d, fan(d))),
+    }
+}
+
+/// `w` as a GGUF file of architecture `arch`: every tensor F32 (matrices whose rows are a
+/// multiple of 32 values then go to the block-format product, the others to the dense one).
+fn gguf_file(arch: &str, c: &DecoderConfig, w: &HostWeights) -> Vec<u8> {
+    let mut g = GgufWriter::default();
+    g.hyper(arch, c).model(c, w, |which, output| match which {
+        Some((layer, which)) => {
+            let l = &w.layers[layer];
+            let m = match which {
+                LayerMatrix::Q => &l.wq,
+                LayerMatrix::K => &l.wk,
+                LayerMatrix::V => &l.wv,
+                LayerMatrix::O => &l.wo,
+                LayerMatrix::Gate => &l.w_gate,
+                LayerMatrix::Up => &l.w_up,
+                LayerMatrix::Down => &l.w_down,
+            };
+            Some(f32_blocks(m))
+        }
+        None if output => w.lm_head.as_deref().map(f32_blocks),
+        None => Some(f32_blocks(&w.embed)),
+    });
+    g.build()
+}
+
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut r = Rng::new(seed);
+    (0..n)
+        .map(|_| (r.next_u64() % vocab as u64) as u32)
+        .collect()
+}
+
+/// A model of architecture `arch` written, mapped and loaded as `load_gguf` does: the
+/// decoder, its configuration and the weights the file holds (read back by `host_weights`).
+fn load(
+    arch: &str,
+    c: &DecoderConfig,
+    w: &HostWeights,
+    tag: &str,
+) -> (Decoder, DecoderConfig, HostWeights, LlamaHyper) {
+    let ctx = gpu();
+    let dir = temp_dir(tag);
+    let path = dir.join("model.gguf");
+    std::fs::write(&path, gguf_file(arch, c, w)).unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    let hyper = LlamaHyper::from_gguf(&file).unwrap();
+    let config = decoder_config(&hyper).unwrap();
+    let (host_config, host) = host_weights(&file, &hyper, None, |_, _| {}).unwrap();
+    assert_eq!(host_config, config);
+    let source = GgufSource::new(&file, &hyper).unwrap();
+    let mut ticks = 0;
+    let model =
+        Decoder::upload_from(ctx, config, &source, Precision::F32, |_, _| ticks += 1).unwrap();
+    assert_eq!(ticks, 3 + 9 * c.layers);
+    drop(file);
+    std::fs::remove_dir_all(&dir).unwrap();
+    (model, config, host, hyper)
+}
+
+/// Each architecture: the file's hyper-parameters and weights are the ones written, and a
+/// 13-token prefill then four decode steps give the reference's logits within 1e-4 of their
+/// scale (the tolerance of the f32 decoder against the f64-accumulating reference).
+#[test]
+fn llama_and_qwen2_files_match_the_cpu_forward_pass() {
+    let ctx = gpu();
+    for (arch, biases, tied, style) in [
+        ("llama", false, false, RopeStyle::GptJ),
+        ("llama", true, true, RopeStyle::GptJ),
+        ("qwen2", true, true, RopeStyle::NeoX),
+    ] {
+        let c = shape(style);
+        let w = weights(&c, 101 + u64::from(biases), biases, tied);
+        let (model, config, host, hyper) = load(arch, &c, &w, &format!("arch-{arch}-{biases}"));
+        assert_eq!(config, c, "{arch}");
+        assert_eq!(host, w, "{arch}: the weights read back");
+        assert_eq!(
+            (
+                hyper.architecture.as_str(),
+                hyper.qkv_bias,
+                hyper.tied_embeddings
+            ),
+            (arch, biases, tied)
+        );
+        let mut cache =
+            PagedKvCache::new(ctx, c.kv_config(KvDtype::F32), PoolSize::Blocks(16)).unwrap();
+        cache.add_sequence(0, &[]).unwrap();
+        let ids = tokens(17, c.vocab, 5);
+        let mut upto = 13;
+        let mut got = model
+            .forward(ctx, &mut cache, &[(0, &ids[..upto])])
+            .unwrap();
+        loop {
+            let want = llama_logits(&c, &w, &ids[..upto], None).unwrap();
+            let err = max_abs_err(&got.logits, &want);
+            let bound = 1e-4 * output_scale(&want);
+            assert!(
+                err <= bound,
+                "{arch} (biases {biases}), {upto} tokens: logit error {err:e} > {bound:e}"
+            );
+            if upto == ids.len() {
+                break;
+            }
+            got = model
+                .forward(ctx, &mut cache, &[(0, &ids[upto..upto + 1])])
+                .unwrap();
+            upto += 1;
+        }
+    }
+}
+
+/// The biases matter: the same qwen2 model without them gives other logits (so the test above
+/// would see a decoder that dropped them).
+#[test]
+fn qwen2_biases_change_the_logits() {
+    let c = shape(RopeStyle::NeoX);
+    let w = weights(&c, 7, true, true);
+    let mut unbiased = w.clone();
+    for l in &mut unbiased.layers {
+        (l.bq, l.bk, l.bv) = (None, None, None);
+    }
+    let ids = tokens(9, c.vocab, 3);
+    let a = llama_logits(&c, &w, &ids, None).unwrap();
+    let b = llama_logits(&c, &unbiased, &ids, None).unwrap();
+    assert!(max_abs_err(&a, &b) > 0.1 * output_scale(&a));
+}
+
+/// The qwen2 model keeps the decoder's bits: decode steps against a recomputing prefill (the
+/// same logits and K/V), and a sequence alone against batched with another.
+#[test]
+fn qwen2_keeps_decode_prefill_and_batch_bits() {
+    let ctx = gpu();
+    let c = shape(RopeStyle::NeoX);
+    let w = weights(&c, 13, true, true);
+    let (model, ..) = load("qwen2", &c, &w, "arch-bits");
+    let ids = tokens(19, c.vocab, 6);
+    let other = tokens(7, c.vocab, 7);
+    let new_cache = || {
+        let mut kv = c.kv_config(KvDtype::F16);
+        kv.block_size = 8;
+        let mut cache = PagedKvCache::new(ctx, kv, PoolSize::Blocks(16)).unwrap();
+        for s in 0..3 {
+            cache.add_sequence(s, &[]).unwrap();
+        }
+        cache
+    };
+    let mut cache = new_cache();
+    model.forward(ctx, &mut cache, &[(0, &ids[..8])]).unwrap();
+    let mut last = None;
+    for i in 8..ids.len() {
+        last = Some(
+            model
+                .forward(ctx, &mut cache, &[(0, &ids[i..i + 1])])
+                .unwrap(),
+        );
+    }
+    let whole = model.forward(ctx, &mut cache, &[(1, &ids)]).unwrap();
+    assert_eq!(
+        last.unwrap().logits,
+        whole.logits,
+        "decode steps vs prefill logits"
+    );
+    for layer in 0..c.layers {
+        let (a, b) = (
+            cache.read_rows(ctx, 0, layer).unwrap(),
+            cache.read_rows(ctx, 1, layer).unwrap(),
+        );
+        assert_eq!(a, b, "layer {layer} K/V");
+    }
+    let batched = model
+        .forward(ctx, &mut cache, &[(2, &other), (1, &ids[..1])])
+        .unwrap();
+    let mut alone_cache = new_cache();
+    let alone = model
+        .forward(ctx, &mut alone_cache, &[(2, &other)])
+        .unwrap();
+    assert_eq!(alone.logits, batched.logits[..c.vocab], "alone vs batched");
+}
