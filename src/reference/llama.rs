@@ -40,14 +40,12 @@ fn linear(x: &[f32], w: &[f32], k: usize, n: usize) -> Vec<f32> {
     y
 }
 
-/// `y[t] += b` for every row `t` of `y`, when there is a bias.
-fn add_bias(mut y: Vec<f32>, bias: Option<&[f32]>) -> Vec<f32> {
-    if let Some(b) = bias {
-        for row in y.chunks_mut(b.len()) {
-            row.iter_mut().zip(b).for_each(|(v, &b)| *v += b);
-        }
+/// `y[t] + b` for every row `t` of `y` ([`super::ops::bias_add`]), when there is a bias.
+fn add_bias(y: Vec<f32>, bias: Option<&[f32]>) -> Result<Vec<f32>> {
+    match bias {
+        Some(b) => super::ops::bias_add(&y, b),
+        None => Ok(y),
     }
-    y
 }
 
 /// The residual stream `[tokens.len(), d_model]` after the first `layers` layers.
@@ -81,9 +79,9 @@ fn hidden(
     let options = AttentionOptions::default();
     for w in &weights.layers[..n_layers] {
         let h = rms_norm(&x, &w.attn_norm, c.rms_eps);
-        let q = add_bias(linear(&h, &w.wq, d, c.q_dim()), w.bq.as_deref());
-        let k = add_bias(linear(&h, &w.wk, d, c.kv_dim()), w.bk.as_deref());
-        let v = add_bias(linear(&h, &w.wv, d, c.kv_dim()), w.bv.as_deref());
+        let q = add_bias(linear(&h, &w.wq, d, c.q_dim()), w.bq.as_deref())?;
+        let k = add_bias(linear(&h, &w.wk, d, c.kv_dim()), w.bk.as_deref())?;
+        let v = add_bias(linear(&h, &w.wv, d, c.kv_dim()), w.bv.as_deref())?;
         let q = super::rope::rope(&q, &positions, &c.rope(c.n_heads))?;
         let k = super::rope::rope(&k, &positions, &c.rope(c.n_kv_heads))?;
         let cu = [0u32, t as u32];
