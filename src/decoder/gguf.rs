@@ -1299,6 +1299,9 @@ pub struct LlamaHyper {
     /// `attn_v.bias`): always for `qwen2`; for `llama` when the file has `blk.0.attn_q.bias`
     /// (llama.cpp accepts them there too). Then every layer must have all three.
     pub qkv_bias: bool,
+    /// True when a `llama` file has `rope_freqs.weight` (`[rope_dim / 2]`, Llama 3.1 and
+    /// 3.2): RoPE pair `i`'s frequency is divided by its factor `i`.
+    pub rope_freqs: bool,
 }
 
 impl LlamaHyper {
@@ -1422,6 +1425,7 @@ impl LlamaHyper {
             context_length,
             tied_embeddings: file.tensor("output.weight").is_none(),
             qkv_bias: arch == "qwen2" || file.tensor("blk.0.attn_q.bias").is_some(),
+            rope_freqs: arch == "llama" && file.tensor("rope_freqs.weight").is_some(),
         })
     }
 
@@ -1439,7 +1443,8 @@ impl LlamaHyper {
     /// `output_norm.weight`, `output.weight` unless tied, and per block `attn_norm`, `attn_q`,
     /// `attn_k`, `attn_v`, `attn_output`, `ffn_norm`, `ffn_gate`, `ffn_up`, `ffn_down` (each
     /// `.weight`), with `attn_q.bias`, `attn_k.bias` and `attn_v.bias` when
-    /// [`qkv_bias`](Self::qkv_bias).
+    /// [`qkv_bias`](Self::qkv_bias), and `rope_freqs.weight` when
+    /// [`rope_freqs`](Self::rope_freqs).
     pub fn expected_tensors(&self) -> Vec<(String, Vec<u64>)> {
         let d = self.d_model as u64;
         let q = (self.n_heads * self.head_dim) as u64;
@@ -1452,6 +1457,12 @@ impl LlamaHyper {
         ];
         if !self.tied_embeddings {
             out.push(("output.weight".to_string(), vec![d, v]));
+        }
+        if self.rope_freqs {
+            out.push((
+                "rope_freqs.weight".to_string(),
+                vec![self.rope_dim as u64 / 2],
+            ));
         }
         for i in 0..self.n_layers {
             for (name, dims) in [
@@ -1478,9 +1489,8 @@ impl LlamaHyper {
 
     /// Checks that every tensor of [`LlamaHyper::expected_tensors`] is present with its dims
     /// and a type kvattn reads, and that the file has no other tensor: one the forward pass
-    /// would ignore (`rope_freqs.weight`, Llama 3.1's RoPE frequency factors; an
-    /// `attn_output.bias`; a bias of another layer) is refused by name rather than giving
-    /// wrong logits.
+    /// would ignore (an `attn_output.bias`, a bias of another layer, `rope_freqs.weight` in a
+    /// `qwen2` file) is refused by name rather than giving wrong logits.
     pub fn check_tensors(&self, file: &GgufFile) -> Result<()> {
         let expected = self.expected_tensors();
         if let Some(t) = file
@@ -2050,6 +2060,7 @@ pub(crate) mod tests {
                 context_length: 256,
                 tied_embeddings: true,
                 qkv_bias: false,
+                rope_freqs: false,
             }
         );
         assert_eq!(h.rope_style(), RopeStyle::GptJ);
@@ -2203,11 +2214,41 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn llama_rope_freqs_are_read_and_checked() {
+        let plain = LlamaHyper::from_gguf(&arch_file("llama", |_| {})).unwrap();
+        let base = &plain;
+        let with = |dims: &'static [u64]| {
+            arch_file("llama", move |w| {
+                all_tensors(w, base, &[], &[("rope_freqs.weight", dims)]);
+            })
+        };
+        let h = LlamaHyper::from_gguf(&with(&[8])).unwrap();
+        assert!(h.rope_freqs && !plain.rope_freqs);
+        assert!(h
+            .expected_tensors()
+            .contains(&("rope_freqs.weight".into(), vec![8])));
+        h.check_tensors(&with(&[8])).unwrap();
+        let e = h.check_tensors(&with(&[16])).unwrap_err().to_string();
+        assert!(e.contains("rope_freqs.weight") && e.contains("[16]"), "{e}");
+        // qwen2 files have no frequency factors: one is a tensor the decoder would ignore.
+        let q = LlamaHyper::from_gguf(&arch_file("qwen2", |_| {})).unwrap();
+        let f = arch_file("qwen2", |w| {
+            all_tensors(w, &q, &[], &[("rope_freqs.weight", &[8])]);
+        });
+        let q = LlamaHyper::from_gguf(&f).unwrap();
+        assert!(!q.rope_freqs);
+        let e = q.check_tensors(&f).unwrap_err().to_string();
+        assert!(
+            e.contains("rope_freqs.weight") && e.contains("frequency factors"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn tensors_the_decoder_would_ignore_are_refused_by_name() {
         let h = LlamaHyper::from_gguf(&arch_file("llama", |_| {})).unwrap();
         for (name, dims, also) in [
-            ("rope_freqs.weight", &[8u64][..], "frequency factors"),
-            ("blk.1.attn_output.bias", &[64][..], "ignore"),
+            ("blk.1.attn_output.bias", &[64u64][..], "ignore"),
             ("blk.0.attn_q.bias", &[64][..], "ignore"),
         ] {
             let f = arch_file("llama", |w| all_tensors(w, &h, &[], &[(name, dims)]));

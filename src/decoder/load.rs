@@ -63,7 +63,10 @@ pub fn host_weights(
     let mut config = decoder_config(hyper)?;
     config.layers = layers.unwrap_or(hyper.n_layers).min(hyper.n_layers);
     let per_layer = 9 + if hyper.qkv_bias { 3 } else { 0 };
-    let total = 2 + usize::from(!hyper.tied_embeddings) + per_layer * config.layers;
+    let total = 2
+        + usize::from(!hyper.tied_embeddings)
+        + usize::from(hyper.rope_freqs)
+        + per_layer * config.layers;
     let mut done = 0;
     let mut load = |name: &str| -> Result<Vec<f32>> {
         let x = file.tensor_f32(name)?;
@@ -77,6 +80,11 @@ pub fn host_weights(
         None
     } else {
         Some(load("output.weight")?)
+    };
+    let rope_freqs = if hyper.rope_freqs {
+        Some(load("rope_freqs.weight")?)
+    } else {
+        None
     };
     let layers = (0..config.layers)
         .map(|i| {
@@ -108,6 +116,7 @@ pub fn host_weights(
         layers,
         final_norm,
         lm_head,
+        rope_freqs,
     };
     weights.validate(&config)?;
     Ok((config, weights))
@@ -122,6 +131,7 @@ pub struct GgufSource<'a> {
     file: &'a GgufFile,
     tied: bool,
     qkv_bias: bool,
+    rope_freqs: bool,
 }
 
 impl<'a> GgufSource<'a> {
@@ -133,6 +143,7 @@ impl<'a> GgufSource<'a> {
             file,
             tied: hyper.tied_embeddings,
             qkv_bias: hyper.qkv_bias,
+            rope_freqs: hyper.rope_freqs,
         })
     }
 
@@ -184,6 +195,13 @@ impl WeightSource for GgufSource<'_> {
         }
         let name = format!("blk.{layer}.{}.bias", which.gguf_name());
         self.file.tensor_f32(&name).map(Some)
+    }
+
+    fn rope_freqs(&self) -> Result<Option<Vec<f32>>> {
+        if !self.rope_freqs {
+            return Ok(None);
+        }
+        self.file.tensor_f32("rope_freqs.weight").map(Some)
     }
 }
 

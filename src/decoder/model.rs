@@ -177,6 +177,9 @@ pub struct HostWeights {
     pub final_norm: Vec<f32>,
     /// Output projection `[vocab, d_model]`; `None`: tied to the embedding.
     pub lm_head: Option<Vec<f32>>,
+    /// RoPE frequency factors `[head_dim / 2]` (Llama 3.1's `rope_freqs.weight`): pair `i`'s
+    /// frequency is divided by `rope_freqs[i]`; `None`: unscaled.
+    pub rope_freqs: Option<Vec<f32>>,
 }
 
 impl HostLayer {
@@ -193,7 +196,8 @@ impl HostLayer {
 }
 
 impl HostWeights {
-    /// Checks every tensor's length against `c`.
+    /// Checks every tensor's length against `c` (and the RoPE frequency factors:
+    /// [`RopeConfig::inv_freq_scaled`]).
     pub fn validate(&self, c: &DecoderConfig) -> Result<()> {
         let d = c.d_model;
         let check = |what: &'static str, got: usize, want: usize| -> Result<()> {
@@ -213,6 +217,8 @@ impl HostWeights {
             check("output projection", head.len(), c.vocab * d)?;
         }
         check("layers", self.layers.len(), c.layers)?;
+        c.rope(c.n_heads)
+            .inv_freq_scaled(self.rope_freqs.as_deref())?;
         for l in &self.layers {
             check("attn_norm", l.attn_norm.len(), d)?;
             check("wq", l.wq.len(), c.q_dim() * d)?;
@@ -487,13 +493,15 @@ impl Decoder {
     /// Uploads the weights `source` hands out, one tensor at a time, checking each against
     /// `config`: matrices in a GGUF block format stay in it on the GPU (see
     /// [`super::weights`]), with the biases of the Q, K and V products the source has
-    /// ([`WeightSource::bias`]). `progress(done, total)` is called after each norm and each
-    /// matrix (with its bias).
+    /// ([`WeightSource::bias`]) and RoPE scaled by the source's frequency factors
+    /// ([`WeightSource::rope_freqs`]). `progress(done, total)` is called after each norm and
+    /// each matrix (with its bias).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `config` is invalid, a tensor has the wrong size, a
-    /// block matrix's rows are not a multiple of 32 values or a bias comes with a matrix other
-    /// than Q, K or V; [`Error::MissingFeature`] for
+    /// block matrix's rows are not a multiple of 32 values, a bias comes with a matrix other
+    /// than Q, K or V, or the RoPE frequency factors are not `head_dim / 2` finite positive
+    /// values; [`Error::MissingFeature`] for
     /// [`Precision::F16`] without `SHADER_F16`; the source's errors; [`Error::Wgpu`] from wgpu.
     pub fn upload_from(
         ctx: &Context,
@@ -537,6 +545,9 @@ impl Decoder {
             None => None,
         };
         tick();
+        let rope_freqs = source.rope_freqs()?;
+        let rope = |heads| RopeTables::scaled(ctx, &config.rope(heads), rope_freqs.as_deref());
+        let (rope_q, rope_k) = (rope(c.n_heads)?, rope(c.n_kv_heads)?);
         let final_norm = vector("final norm", source.final_norm()?)?;
         bytes += final_norm.size();
         tick();
@@ -595,8 +606,8 @@ impl Decoder {
             final_norm,
             lm_head,
             weight_bytes: bytes,
-            rope_q: RopeTables::new(ctx, &config.rope(config.n_heads))?,
-            rope_k: RopeTables::new(ctx, &config.rope(config.n_kv_heads))?,
+            rope_q,
+            rope_k,
             steps: Mutex::new(StepCache::default()),
         })
     }

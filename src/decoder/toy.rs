@@ -82,6 +82,7 @@ pub fn random_weights(c: &DecoderConfig, seed: u64) -> HostWeights {
         layers,
         final_norm: vec![1.0; d],
         lm_head: Some(r.take(c.vocab * d, fan(d))),
+        rope_freqs: None,
     }
 }
 

@@ -121,6 +121,11 @@ pub trait WeightSource {
         let _ = (layer, which);
         Ok(None)
     }
+    /// RoPE frequency factors `[head_dim / 2]` ([`HostWeights::rope_freqs`]), or `None` (the
+    /// default: unscaled RoPE).
+    fn rope_freqs(&self) -> Result<Option<Vec<f32>>> {
+        Ok(None)
+    }
 }
 
 impl WeightSource for HostWeights {
@@ -160,6 +165,10 @@ impl WeightSource for HostWeights {
 
     fn bias(&self, layer: usize, which: LayerMatrix) -> Result<Option<Vec<f32>>> {
         Ok(self.layers[layer].bias(which).map(<[f32]>::to_vec))
+    }
+
+    fn rope_freqs(&self) -> Result<Option<Vec<f32>>> {
+        Ok(self.rope_freqs.clone())
     }
 }
 

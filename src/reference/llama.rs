@@ -2,7 +2,9 @@
 //! [`Decoder`](crate::decoder::model::Decoder). Plain loops with f64 accumulation for the norms
 //! and matrix products (each output rounded once to f32, then the layer's Q/K/V bias, if any,
 //! added in f32), [`rope`](super::rope::rope) for the rotary embedding and
-//! [`attention`](super::attention()) (causal) for attention, on one sequence.
+//! [`attention`](super::attention()) (causal) for attention, on one sequence. RoPE frequencies
+//! are divided by the weights' frequency factors when they have them
+//! ([`rope_scaled`](super::rope::rope_scaled)).
 
 use crate::attention::{AttentionOptions, RaggedBatch};
 use crate::decoder::model::{DecoderConfig, HostWeights};
@@ -82,8 +84,9 @@ fn hidden(
         let q = add_bias(linear(&h, &w.wq, d, c.q_dim()), w.bq.as_deref())?;
         let k = add_bias(linear(&h, &w.wk, d, c.kv_dim()), w.bk.as_deref())?;
         let v = add_bias(linear(&h, &w.wv, d, c.kv_dim()), w.bv.as_deref())?;
-        let q = super::rope::rope(&q, &positions, &c.rope(c.n_heads))?;
-        let k = super::rope::rope(&k, &positions, &c.rope(c.n_kv_heads))?;
+        let factors = weights.rope_freqs.as_deref();
+        let q = super::rope::rope_scaled(&q, &positions, &c.rope(c.n_heads), factors)?;
+        let k = super::rope::rope_scaled(&k, &positions, &c.rope(c.n_kv_heads), factors)?;
         let cu = [0u32, t as u32];
         let batch = RaggedBatch {
             q: &q,

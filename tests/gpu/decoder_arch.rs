@@ -3,8 +3,9 @@
 //! through the real path (`GgufFile::open`, `LlamaHyper::from_gguf`, `decoder_config`,
 //! `GgufSource`, `Decoder::upload_from`) and run on the GPU against `reference::llama` on the
 //! same weights: `llama` with a separate output projection, `llama` with the optional Q/K/V
-//! biases and tied embeddings, `qwen2` (Q/K/V biases, tied embeddings, NeoX RoPE). The qwen2
-//! model also keeps the decoder's batch invariance bit for bit.
+//! biases and tied embeddings, `llama` with RoPE frequency factors (Llama 3.1's
+//! `rope_freqs.weight`), `qwen2` (Q/K/V biases, tied embeddings, NeoX RoPE). The qwen2 model
+//! also keeps the decoder's batch invariance bit for bit.
 
 use kvattn::cache::paged::{PagedKvCache, PoolSize};
 use kvattn::decoder::gguf::{GgufFile, LlamaHyper};
@@ -36,9 +37,25 @@ fn shape(style: RopeStyle) -> DecoderConfig {
     }
 }
 
-/// Seeded random weights for `c` (matrices scaled by `1 / sqrt(fan_in)`, norms near 1), with
-/// Q/K/V biases of scale 0.5 when `biases`, and an output projection unless `tied`.
-fn weights(c: &DecoderConfig, seed: u64, biases: bool, tied: bool) -> HostWeights {
+/// What a synthetic model has besides the Llama weights.
+#[derive(Debug, Clone, Copy)]
+struct Extras {
+    /// Q/K/V biases (scale 0.5).
+    biases: bool,
+    /// The output projection is the embedding.
+    tied: bool,
+    /// RoPE frequency factors (Llama 3.1's shape: 1 for the fast pairs up to 8 for the slow).
+    rope_freqs: bool,
+}
+
+/// Seeded random weights for `c` (matrices scaled by `1 / sqrt(fan_in)`, norms near 1) with
+/// the extras `e`.
+fn weights(c: &DecoderConfig, seed: u64, e: Extras) -> HostWeights {
+    let Extras {
+        biases,
+        tied,
+        rope_freqs,
+    } = e;
     let mut r = Rng::new(seed);
     let d = c.d_model;
     let fan = |n: usize| 1.0 / (n as f32).sqrt();
@@ -65,6 +82,12 @@ fn weights(c: &DecoderConfig, seed: u64, biases: bool, tied: bool) -> HostWeight
         layers,
         final_norm: norm(&mut r),
         lm_head: (!tied).then(|| r.normals(c.vocab * d, fan(d))),
+        rope_freqs: rope_freqs.then(|| {
+            let pairs = c.head_dim / 2;
+            (0..pairs)
+                .map(|i| 1.0 + 7.0 * (i as f32 / (pairs - 1) as f32).powi(2))
+                .collect()
+        }),
     }
 }
 
@@ -132,23 +155,33 @@ fn load(
 #[test]
 fn llama_and_qwen2_files_match_the_cpu_forward_pass() {
     let ctx = gpu();
-    for (arch, biases, tied, style) in [
-        ("llama", false, false, RopeStyle::GptJ),
-        ("llama", true, true, RopeStyle::GptJ),
-        ("qwen2", true, true, RopeStyle::NeoX),
-    ] {
+    let e = |biases, tied, rope_freqs| Extras {
+        biases,
+        tied,
+        rope_freqs,
+    };
+    for (i, (arch, x, style)) in [
+        ("llama", e(false, false, false), RopeStyle::GptJ),
+        ("llama", e(true, true, false), RopeStyle::GptJ),
+        ("llama", e(false, false, true), RopeStyle::GptJ),
+        ("qwen2", e(true, true, false), RopeStyle::NeoX),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let c = shape(style);
-        let w = weights(&c, 101 + u64::from(biases), biases, tied);
-        let (model, config, host, hyper) = load(arch, &c, &w, &format!("arch-{arch}-{biases}"));
+        let w = weights(&c, 101 + i as u64, x);
+        let (model, config, host, hyper) = load(arch, &c, &w, &format!("arch-{i}"));
         assert_eq!(config, c, "{arch}");
         assert_eq!(host, w, "{arch}: the weights read back");
         assert_eq!(
             (
                 hyper.architecture.as_str(),
                 hyper.qkv_bias,
-                hyper.tied_embeddings
+                hyper.tied_embeddings,
+                hyper.rope_freqs
             ),
-            (arch, biases, tied)
+            (arch, x.biases, x.tied, x.rope_freqs)
         );
         let mut cache =
             PagedKvCache::new(ctx, c.kv_config(KvDtype::F32), PoolSize::Blocks(16)).unwrap();
@@ -164,7 +197,7 @@ fn llama_and_qwen2_files_match_the_cpu_forward_pass() {
             let bound = 1e-4 * output_scale(&want);
             assert!(
                 err <= bound,
-                "{arch} (biases {biases}), {upto} tokens: logit error {err:e} > {bound:e}"
+                "{arch} {x:?}, {upto} tokens: logit error {err:e} > {bound:e}"
             );
             if upto == ids.len() {
                 break;
@@ -177,20 +210,35 @@ fn llama_and_qwen2_files_match_the_cpu_forward_pass() {
     }
 }
 
-/// The biases matter: the same qwen2 model without them gives other logits (so the test above
-/// would see a decoder that dropped them).
+/// The biases and the frequency factors matter: the same model without them gives other
+/// logits (so the test above would see a decoder that dropped them).
 #[test]
-fn qwen2_biases_change_the_logits() {
+fn biases_and_frequency_factors_change_the_logits() {
     let c = shape(RopeStyle::NeoX);
-    let w = weights(&c, 7, true, true);
+    let w = weights(
+        &c,
+        7,
+        Extras {
+            biases: true,
+            tied: true,
+            rope_freqs: true,
+        },
+    );
     let mut unbiased = w.clone();
     for l in &mut unbiased.layers {
         (l.bq, l.bk, l.bv) = (None, None, None);
     }
+    let unscaled = HostWeights {
+        rope_freqs: None,
+        ..w.clone()
+    };
     let ids = tokens(9, c.vocab, 3);
     let a = llama_logits(&c, &w, &ids, None).unwrap();
-    let b = llama_logits(&c, &unbiased, &ids, None).unwrap();
-    assert!(max_abs_err(&a, &b) > 0.1 * output_scale(&a));
+    for (what, other) in [("biases", &unbiased), ("factors", &unscaled)] {
+        let b = llama_logits(&c, other, &ids, None).unwrap();
+        let diff = max_abs_err(&a, &b);
+        assert!(diff > 0.01 * output_scale(&a), "{what}: {diff:e}");
+    }
 }
 
 /// The qwen2 model keeps the decoder's bits: decode steps against a recomputing prefill (the
@@ -199,7 +247,15 @@ fn qwen2_biases_change_the_logits() {
 fn qwen2_keeps_decode_prefill_and_batch_bits() {
     let ctx = gpu();
     let c = shape(RopeStyle::NeoX);
-    let w = weights(&c, 13, true, true);
+    let w = weights(
+        &c,
+        13,
+        Extras {
+            biases: true,
+            tied: true,
+            rope_freqs: false,
+        },
+    );
     let (model, ..) = load("qwen2", &c, &w, "arch-bits");
     let ids = tokens(19, c.vocab, 6);
     let other = tokens(7, c.vocab, 7);

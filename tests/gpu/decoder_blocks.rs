@@ -95,6 +95,7 @@ fn block_model(c: &DecoderConfig, seed: u64) -> BlockModel {
             layers: host,
             final_norm: vec![1.0; d],
             lm_head: Some(lm_head),
+            rope_freqs: None,
         },
     }
 }

@@ -89,8 +89,8 @@ impl GgufWriter {
     }
 
     /// Every tensor of a model of shape `c`: the embedding, output (unless `None`) and layer
-    /// matrices as `matrix` hands them out (`None` for the output: tied), the norms and Q/K/V
-    /// biases of `w` as F32.
+    /// matrices as `matrix` hands them out (`None` for the output: tied), the norms, Q/K/V
+    /// biases and RoPE frequency factors of `w` as F32.
     pub fn model(
         &mut self,
         c: &DecoderConfig,
@@ -104,6 +104,9 @@ impl GgufWriter {
             self.tensor("output.weight", &[d, v], output);
         }
         self.tensor("output_norm.weight", &[d], f32_blocks(&w.final_norm));
+        if let Some(f) = &w.rope_freqs {
+            self.tensor("rope_freqs.weight", &[f.len() as u64], f32_blocks(f));
+        }
         for (i, l) in w.layers.iter().enumerate() {
             self.tensor(
                 &format!("blk.{i}.attn_norm.weight"),
