@@ -94,7 +94,11 @@ fn weights(c: &DecoderConfig, seed: u64, e: Extras) -> HostWeights {
 /// `w` as a GGUF file of architecture `arch`: every tensor F32 (matrices whose rows are a
 /// multiple of 32 values then go to the block-format product, the others to the dense one).
 fn gguf_file(arch: &str, c: &DecoderConfig, w: &HostWeights) -> Vec<u8> {
-    let mut g = GgufWriter::default();
+    file_of(GgufWriter::default(), arch, c, w)
+}
+
+/// [`gguf_file`] after the metadata already in `g`.
+fn file_of(mut g: GgufWriter, arch: &str, c: &DecoderConfig, w: &HostWeights) -> Vec<u8> {
     g.hyper(arch, c).model(c, w, |which, output| match which {
         Some((layer, which)) => {
             let l = &w.layers[layer];
@@ -115,7 +119,7 @@ fn gguf_file(arch: &str, c: &DecoderConfig, w: &HostWeights) -> Vec<u8> {
     g.build()
 }
 
-fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+fn tokens_of(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut r = Rng::new(seed);
     (0..n)
         .map(|_| (r.next_u64() % vocab as u64) as u32)
@@ -186,7 +190,7 @@ fn llama_and_qwen2_files_match_the_cpu_forward_pass() {
         let mut cache =
             PagedKvCache::new(ctx, c.kv_config(KvDtype::F32), PoolSize::Blocks(16)).unwrap();
         cache.add_sequence(0, &[]).unwrap();
-        let ids = tokens(17, c.vocab, 5);
+        let ids = tokens_of(17, c.vocab, 5);
         let mut upto = 13;
         let mut got = model
             .forward(ctx, &mut cache, &[(0, &ids[..upto])])
@@ -208,6 +212,48 @@ fn llama_and_qwen2_files_match_the_cpu_forward_pass() {
             upto += 1;
         }
     }
+}
+
+/// `load_gguf` itself (the loader the example and the CLI call) on a qwen2 file with a minimal
+/// byte-level BPE tokenizer in its metadata (one token per vocabulary entry, no merges): the
+/// hyper-parameters, the tokenizer's size and the logits of a prefill against the reference.
+#[test]
+fn load_gguf_takes_a_qwen2_file() {
+    use kvattn::decoder::load::load_gguf;
+    let ctx = gpu();
+    let c = shape(RopeStyle::NeoX);
+    let w = weights(
+        &c,
+        17,
+        Extras {
+            biases: true,
+            tied: true,
+            rope_freqs: false,
+        },
+    );
+    let mut g = GgufWriter::default();
+    let tokens: Vec<String> = (0..c.vocab).map(|i| format!("t{i}")).collect();
+    g.str("tokenizer.ggml.model", "gpt2")
+        .str("tokenizer.ggml.pre", "gpt2")
+        .str_array("tokenizer.ggml.tokens", &tokens)
+        .str_array("tokenizer.ggml.merges", &[]);
+    let dir = temp_dir("arch-load");
+    let path = dir.join("qwen2.gguf");
+    std::fs::write(&path, file_of(g, "qwen2", &c, &w)).unwrap();
+    let mut ticks = 0;
+    let loaded = load_gguf(ctx, &path, Precision::F32, |_, _| ticks += 1).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(ticks, 3 + 9 * c.layers);
+    assert_eq!(loaded.hyper.architecture, "qwen2");
+    assert_eq!(loaded.tokenizer.vocab_size(), c.vocab);
+    assert_eq!(*loaded.model.config(), c);
+    let mut cache = PagedKvCache::new(ctx, c.kv_config(KvDtype::F32), PoolSize::Blocks(8)).unwrap();
+    cache.add_sequence(0, &[]).unwrap();
+    let ids = tokens_of(11, c.vocab, 4);
+    let got = loaded.model.forward(ctx, &mut cache, &[(0, &ids)]).unwrap();
+    let want = llama_logits(&c, &w, &ids, None).unwrap();
+    let err = max_abs_err(&got.logits, &want);
+    assert!(err <= 1e-4 * output_scale(&want), "logit error {err:e}");
 }
 
 /// The biases and the frequency factors matter: the same model without them gives other
@@ -232,7 +278,7 @@ fn biases_and_frequency_factors_change_the_logits() {
         rope_freqs: None,
         ..w.clone()
     };
-    let ids = tokens(9, c.vocab, 3);
+    let ids = tokens_of(9, c.vocab, 3);
     let a = llama_logits(&c, &w, &ids, None).unwrap();
     for (what, other) in [("biases", &unbiased), ("factors", &unscaled)] {
         let b = llama_logits(&c, other, &ids, None).unwrap();
@@ -257,8 +303,8 @@ fn qwen2_keeps_decode_prefill_and_batch_bits() {
         },
     );
     let (model, ..) = load("qwen2", &c, &w, "arch-bits");
-    let ids = tokens(19, c.vocab, 6);
-    let other = tokens(7, c.vocab, 7);
+    let ids = tokens_of(19, c.vocab, 6);
+    let other = tokens_of(7, c.vocab, 7);
     let new_cache = || {
         let mut kv = c.kv_config(KvDtype::F16);
         kv.block_size = 8;

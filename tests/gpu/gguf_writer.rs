@@ -58,6 +58,14 @@ impl GgufWriter {
         self.put(key, 8, &b)
     }
 
+    /// An array-of-strings key.
+    pub fn str_array(&mut self, key: &str, v: &[String]) -> &mut Self {
+        let mut b = 8u32.to_le_bytes().to_vec();
+        b.extend((v.len() as u64).to_le_bytes());
+        v.iter().for_each(|s| string(&mut b, s));
+        self.put(key, 9, &b)
+    }
+
     /// A tensor of dims `dims` (`ne0` first).
     pub fn tensor(&mut self, name: &str, dims: &[u64], data: Blocks) -> &mut Self {
         self.tensors.push((name.into(), dims.to_vec(), data));
