@@ -152,3 +152,40 @@ fn head(c: &DecoderConfig, weights: &HostWeights, x: &[f32]) -> Result<Vec<f32>>
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decoder::toy::{random_weights, toy_config};
+
+    #[test]
+    fn biases_and_factors_of_the_wrong_shape_are_refused() {
+        let c = DecoderConfig {
+            layers: 1,
+            ..toy_config(2)
+        };
+        let w = random_weights(&c, 3);
+        let mut biased = w.clone();
+        biased.layers[0].bk = Some(vec![0.5; c.kv_dim()]);
+        let a = llama_logits(&c, &w, &[1, 2, 3], None).unwrap();
+        let b = llama_logits(&c, &biased, &[1, 2, 3], None).unwrap();
+        assert_ne!(a, b, "the K bias is used");
+        biased.layers[0].bk = Some(vec![0.5; c.q_dim()]);
+        match llama_logits(&c, &biased, &[1], None) {
+            Err(Error::ShapeMismatch { what: "bk", .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        for factors in [vec![1.0; c.head_dim], vec![0.0; c.head_dim / 2]] {
+            let scaled = HostWeights {
+                rope_freqs: Some(factors),
+                ..w.clone()
+            };
+            match llama_logits(&c, &scaled, &[1], None) {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains("RoPE"), "{m}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(super::super::ops::bias_add(&[1.0; 5], &[1.0, 2.0]).is_err());
+        assert!(super::super::ops::bias_add(&[1.0; 4], &[]).is_err());
+    }
+}

@@ -346,3 +346,51 @@ fn qwen2_keeps_decode_prefill_and_batch_bits() {
         .unwrap();
     assert_eq!(alone.logits, batched.logits[..c.vocab], "alone vs batched");
 }
+
+/// A source handing out a bias where the decoder has none (after the output product) or of
+/// the wrong length: refused, naming the matrix.
+#[test]
+fn a_bias_the_decoder_cannot_add_is_refused() {
+    use kvattn::decoder::weights::{MatrixData, WeightSource};
+    struct Odd(HostWeights, LayerMatrix, usize);
+    impl WeightSource for Odd {
+        fn embedding(&self) -> kvattn::Result<MatrixData<'_>> {
+            self.0.embedding()
+        }
+        fn output(&self) -> kvattn::Result<Option<MatrixData<'_>>> {
+            self.0.output()
+        }
+        fn final_norm(&self) -> kvattn::Result<Vec<f32>> {
+            self.0.final_norm()
+        }
+        fn norms(&self, layer: usize) -> kvattn::Result<(Vec<f32>, Vec<f32>)> {
+            self.0.norms(layer)
+        }
+        fn matrix(&self, layer: usize, which: LayerMatrix) -> kvattn::Result<MatrixData<'_>> {
+            self.0.matrix(layer, which)
+        }
+        fn bias(&self, _: usize, which: LayerMatrix) -> kvattn::Result<Option<Vec<f32>>> {
+            Ok((which == self.1).then(|| vec![0.0; self.2]))
+        }
+    }
+    let c = shape(RopeStyle::NeoX);
+    let w = weights(
+        &c,
+        19,
+        Extras {
+            biases: false,
+            tied: true,
+            rope_freqs: false,
+        },
+    );
+    for (which, len, name) in [
+        (LayerMatrix::O, c.d_model, "attn_output"),
+        (LayerMatrix::K, c.kv_dim() + 1, "attn_k bias"),
+    ] {
+        let source = Odd(w.clone(), which, len);
+        match Decoder::upload_from(gpu(), c, &source, Precision::F32, |_, _| {}) {
+            Err(kvattn::Error::InvalidArgument(m)) => assert!(m.contains(name), "{m}"),
+            other => panic!("{which:?}: {other:?}"),
+        }
+    }
+}
