@@ -80,9 +80,14 @@ pub fn error_bound(a: f32, b: f32) -> f64 {
 /// position `p` in turns is then `p * F / 2^64` modulo one, exactly, in 64-bit integer
 /// arithmetic (which the kernel emulates with u32 words).
 pub fn turn_table(cfg: &RopeConfig) -> Vec<[u32; 2]> {
-    cfg.inv_freq()
-        .into_iter()
-        .map(|f| {
+    turn_table_of(&cfg.inv_freq())
+}
+
+/// [`turn_table`] of the inverse frequencies `inv_freq` (radians per position).
+pub fn turn_table_of(inv_freq: &[f64]) -> Vec<[u32; 2]> {
+    inv_freq
+        .iter()
+        .map(|&f| {
             let turns = f / std::f64::consts::TAU;
             let frac = turns - turns.floor();
             // Exact scaling by a power of two; round to the nearest unit of 2^-64 turn
@@ -143,8 +148,20 @@ pub struct RopeTables {
 impl RopeTables {
     /// Checks `cfg` ([`RopeConfig::validate`]) and uploads its turns table (one buffer).
     pub fn new(ctx: &Context, cfg: &RopeConfig) -> Result<Self> {
+        Self::scaled(ctx, cfg, None)
+    }
+
+    /// [`RopeTables::new`] with each pair's frequency divided by its factor
+    /// ([`RopeConfig::inv_freq_scaled`]: Llama 3.1's `rope_freqs.weight`); the rotation then
+    /// matches [`crate::reference::rope::rope_scaled`] within [`error_bound`].
+    ///
+    /// # Errors
+    /// The configuration's and the factors' errors ([`Error::InvalidArgument`]), before
+    /// anything is uploaded; upload errors.
+    pub fn scaled(ctx: &Context, cfg: &RopeConfig, factors: Option<&[f32]>) -> Result<Self> {
         cfg.validate()?;
-        let turns: Vec<u32> = turn_table(cfg).into_iter().flatten().collect();
+        let inv_freq = cfg.inv_freq_scaled(factors)?;
+        let turns: Vec<u32> = turn_table_of(&inv_freq).into_iter().flatten().collect();
         Ok(Self {
             cfg: *cfg,
             turns: ctx.upload("rope turns", &turns)?,

@@ -32,6 +32,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use super::blocks::{dequantize, dequantize_into};
+use crate::rope::RopeStyle;
 use crate::{Error, Result};
 
 /// The four bytes every GGUF file starts with.
@@ -1254,16 +1255,21 @@ fn strip(e: Error) -> String {
     }
 }
 
-/// Architectures whose GGUF keys and tensors follow the Llama layout (`{arch}.block_count`, ...).
-pub const LLAMA_ARCHITECTURES: &[&str] = &["llama"];
+/// Architectures whose GGUF keys and tensors follow the Llama layout (`{arch}.block_count`, ...):
+/// `llama` (Llama 2 and 3.x, SmolLM, Mistral) and `qwen2` (Qwen2, Qwen2.5: biases on the Q, K
+/// and V products, NeoX-style RoPE).
+pub const LLAMA_ARCHITECTURES: &[&str] = &["llama", "qwen2"];
 
 /// Hyper-parameters of a Llama-family model, read from GGUF metadata.
 ///
-/// Note for the forward pass: llama.cpp's converter permutes the rows of `attn_q` and `attn_k`
-/// so that each rotary pair is two *adjacent* elements; weights from a GGUF `llama` file take
-/// GPT-J style RoPE ([`crate::rope::RopeStyle::GptJ`]), not NeoX.
+/// Note for the forward pass: for `llama` files, llama.cpp's converter permutes the rows of
+/// `attn_q` and `attn_k` so that each rotary pair is two *adjacent* elements: they take GPT-J
+/// style RoPE ([`crate::rope::RopeStyle::GptJ`]). It leaves `qwen2` rows as Hugging Face has
+/// them: NeoX style ([`LlamaHyper::rope_style`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaHyper {
+    /// `general.architecture`, one of [`LLAMA_ARCHITECTURES`].
+    pub architecture: String,
     /// Transformer blocks (`{arch}.block_count`).
     pub n_layers: usize,
     /// Hidden size (`{arch}.embedding_length`).
@@ -1289,13 +1295,21 @@ pub struct LlamaHyper {
     pub context_length: usize,
     /// True when there is no `output.weight`: the output projection is `token_embd.weight`.
     pub tied_embeddings: bool,
+    /// True when the Q, K and V products have biases (`blk.N.attn_q.bias`, `attn_k.bias`,
+    /// `attn_v.bias`): always for `qwen2`; for `llama` when the file has `blk.0.attn_q.bias`
+    /// (llama.cpp accepts them there too). Then every layer must have all three.
+    pub qkv_bias: bool,
+    /// True when a `llama` file has `rope_freqs.weight` (`[rope_dim / 2]`, Llama 3.1 and
+    /// 3.2): RoPE pair `i`'s frequency is divided by its factor `i`.
+    pub rope_freqs: bool,
 }
 
 impl LlamaHyper {
     /// Reads and checks the hyper-parameters: the architecture is one of
     /// [`LLAMA_ARCHITECTURES`], sizes are positive, `n_heads` is a multiple of `n_kv_heads`,
     /// `head_dim` divides evenly, `rope_dim` is even and at most `head_dim`, epsilon and theta
-    /// are finite and positive, and `token_embd.weight` (when present) is `[d_model, vocab]`.
+    /// are finite and positive, RoPE is not scaled ([`check_rope_scaling`]), and
+    /// `token_embd.weight` (when present) is `[d_model, vocab]`.
     /// [`LlamaHyper::check_tensors`] checks the rest of the tensor table.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let arch = file.get_str("general.architecture")?;
@@ -1365,6 +1379,7 @@ impl LlamaHyper {
                 "rope.freq_base {rope_base} must be finite and positive"
             )));
         }
+        check_rope_scaling(file, arch)?;
         let rms_eps = file
             .get_f32_opt(&key("attention.layer_norm_rms_epsilon"))?
             .unwrap_or(1e-5);
@@ -1396,6 +1411,7 @@ impl LlamaHyper {
             }
         }
         Ok(Self {
+            architecture: arch.to_string(),
             n_layers,
             d_model,
             n_heads,
@@ -1408,12 +1424,27 @@ impl LlamaHyper {
             vocab_size,
             context_length,
             tied_embeddings: file.tensor("output.weight").is_none(),
+            qkv_bias: arch == "qwen2" || file.tensor("blk.0.attn_q.bias").is_some(),
+            rope_freqs: arch == "llama" && file.tensor("rope_freqs.weight").is_some(),
         })
+    }
+
+    /// The RoPE pairing the file's Q and K rows need: GPT-J for `llama` (rows permuted by the
+    /// converter), NeoX for `qwen2`.
+    pub fn rope_style(&self) -> RopeStyle {
+        if self.architecture == "qwen2" {
+            RopeStyle::NeoX
+        } else {
+            RopeStyle::GptJ
+        }
     }
 
     /// The tensors a Llama model needs and their dims (`ne0` first): `token_embd.weight`,
     /// `output_norm.weight`, `output.weight` unless tied, and per block `attn_norm`, `attn_q`,
-    /// `attn_k`, `attn_v`, `attn_output`, `ffn_norm`, `ffn_gate`, `ffn_up`, `ffn_down`.
+    /// `attn_k`, `attn_v`, `attn_output`, `ffn_norm`, `ffn_gate`, `ffn_up`, `ffn_down` (each
+    /// `.weight`), with `attn_q.bias`, `attn_k.bias` and `attn_v.bias` when
+    /// [`qkv_bias`](Self::qkv_bias), and `rope_freqs.weight` when
+    /// [`rope_freqs`](Self::rope_freqs).
     pub fn expected_tensors(&self) -> Vec<(String, Vec<u64>)> {
         let d = self.d_model as u64;
         let q = (self.n_heads * self.head_dim) as u64;
@@ -1426,6 +1457,12 @@ impl LlamaHyper {
         ];
         if !self.tied_embeddings {
             out.push(("output.weight".to_string(), vec![d, v]));
+        }
+        if self.rope_freqs {
+            out.push((
+                "rope_freqs.weight".to_string(),
+                vec![self.rope_dim as u64 / 2],
+            ));
         }
         for i in 0..self.n_layers {
             for (name, dims) in [
@@ -1441,13 +1478,38 @@ impl LlamaHyper {
             ] {
                 out.push((format!("blk.{i}.{name}.weight"), dims));
             }
+            if self.qkv_bias {
+                for (name, n) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+                    out.push((format!("blk.{i}.{name}.bias"), vec![n]));
+                }
+            }
         }
         out
     }
 
-    /// Checks that every tensor of [`LlamaHyper::expected_tensors`] is present with its dims.
+    /// Checks that every tensor of [`LlamaHyper::expected_tensors`] is present with its dims
+    /// and a type kvattn reads, and that the file has no other tensor: one the forward pass
+    /// would ignore (an `attn_output.bias`, a bias of another layer, `rope_freqs.weight` in a
+    /// `qwen2` file) is refused by name rather than giving wrong logits.
     pub fn check_tensors(&self, file: &GgufFile) -> Result<()> {
-        for (name, dims) in self.expected_tensors() {
+        let expected = self.expected_tensors();
+        if let Some(t) = file
+            .tensors()
+            .iter()
+            .find(|t| !expected.iter().any(|(name, _)| *name == t.name))
+        {
+            let why = if t.name == "rope_freqs.weight" {
+                " (per-dimension RoPE frequency factors, Llama 3.1 style RoPE scaling)"
+            } else {
+                ""
+            };
+            return Err(gguf_err(format!(
+                "tensor {}{why} is not supported for architecture {:?}: kvattn's decoder \
+                 would ignore it",
+                t.name, self.architecture
+            )));
+        }
+        for (name, dims) in expected {
             let t = file
                 .tensor(&name)
                 .ok_or_else(|| gguf_err(format!("tensor {name} is missing")))?;
@@ -1468,6 +1530,32 @@ impl LlamaHyper {
             }
         }
         Ok(())
+    }
+}
+
+/// Refuses scaled RoPE, which the decoder does not implement: a `{arch}.rope.scaling.type`
+/// other than `none` (or `linear` with a factor of 1), a `{arch}.rope.scaling.factor` or
+/// `{arch}.rope.scale_linear` other than 1 (0 counts as unset, as in llama.cpp); the error
+/// names the key and its value.
+pub fn check_rope_scaling(file: &GgufFile, arch: &str) -> Result<()> {
+    let unscaled = |k: &str| -> Result<bool> {
+        Ok(file
+            .get_f32_opt(&format!("{arch}.{k}"))?
+            .is_none_or(|v| v == 0.0 || v == 1.0))
+    };
+    for k in ["rope.scaling.factor", "rope.scale_linear"] {
+        if !unscaled(k)? {
+            let v = file.get_f32(&format!("{arch}.{k}"))?;
+            return Err(gguf_err(format!(
+                "RoPE scaling ({arch}.{k} = {v}) is not supported"
+            )));
+        }
+    }
+    match file.get_str_opt(&format!("{arch}.rope.scaling.type"))? {
+        None | Some("none") | Some("linear") => Ok(()),
+        Some(other) => Err(gguf_err(format!(
+            "RoPE scaling type {other:?} ({arch}.rope.scaling.type) is not supported"
+        ))),
     }
 }
 
@@ -1966,6 +2054,7 @@ pub(crate) mod tests {
         assert_eq!(
             h,
             LlamaHyper {
+                architecture: "llama".into(),
                 n_layers: 2,
                 d_model: 64,
                 n_heads: 4,
@@ -1978,8 +2067,11 @@ pub(crate) mod tests {
                 vocab_size: 10,
                 context_length: 256,
                 tied_embeddings: true,
+                qkv_bias: false,
+                rope_freqs: false,
             }
         );
+        assert_eq!(h.rope_style(), RopeStyle::GptJ);
         let names = h.expected_tensors();
         assert_eq!(names.len(), 2 + 2 * 9);
         assert!(h
@@ -2047,5 +2139,180 @@ pub(crate) mod tests {
             .u32("llama.block_count", 2);
         let e = LlamaHyper::from_gguf(&GgufFile::parse(w.build()).unwrap()).unwrap_err();
         assert!(e.to_string().contains("llama.embedding_length"), "{e}");
+    }
+
+    /// A file of architecture `arch` with the hyper-parameters of [`llama_file`] and `extra`.
+    fn arch_file(arch: &str, extra: impl FnOnce(&mut Writer)) -> GgufFile {
+        let mut w = Writer::new();
+        w.str("general.architecture", arch);
+        for (k, v) in [
+            ("block_count", 2),
+            ("embedding_length", 64),
+            ("feed_forward_length", 128),
+            ("attention.head_count", 4),
+            ("attention.head_count_kv", 2),
+            ("context_length", 256),
+            ("vocab_size", 10),
+        ] {
+            w.u32(&format!("{arch}.{k}"), v);
+        }
+        extra(&mut w);
+        GgufFile::parse(w.build()).unwrap()
+    }
+
+    /// Adds every tensor of `h` (F32 zeros) but those named in `skip`, then `more`.
+    fn all_tensors(w: &mut Writer, h: &LlamaHyper, skip: &[&str], more: &[(&str, &[u64])]) {
+        let zeros = |dims: &[u64]| vec![0u8; dims.iter().product::<u64>() as usize * 4];
+        for (name, dims) in h.expected_tensors() {
+            if !skip.contains(&name.as_str()) {
+                w.tensor(&name, &dims, GgmlType::F32, zeros(&dims));
+            }
+        }
+        for (name, dims) in more {
+            w.tensor(name, dims, GgmlType::F32, zeros(dims));
+        }
+    }
+
+    #[test]
+    fn qwen2_needs_its_biases_and_pairs_neox() {
+        let f = arch_file("qwen2", |w| {
+            w.f32("qwen2.rope.freq_base", 1e6);
+        });
+        let h = LlamaHyper::from_gguf(&f).unwrap();
+        assert_eq!(h.architecture, "qwen2");
+        assert!(h.qkv_bias && h.tied_embeddings);
+        assert_eq!(h.rope_base, 1e6);
+        assert_eq!(h.rope_style(), RopeStyle::NeoX);
+        let names = h.expected_tensors();
+        assert_eq!(names.len(), 2 + 2 * 12);
+        assert!(names.contains(&("blk.1.attn_k.bias".into(), vec![32])));
+        assert!(names.contains(&("blk.0.attn_q.bias".into(), vec![64])));
+        let complete = arch_file("qwen2", |w| all_tensors(w, &h, &[], &[]));
+        h.check_tensors(&complete).unwrap();
+        let e = h
+            .check_tensors(&arch_file("qwen2", |w| {
+                all_tensors(w, &h, &["blk.1.attn_v.bias"], &[])
+            }))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("blk.1.attn_v.bias") && e.contains("missing"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn llama_biases_are_optional_and_all_or_nothing() {
+        let plain = LlamaHyper::from_gguf(&arch_file("llama", |_| {})).unwrap();
+        assert!(!plain.qkv_bias);
+        // With blk.0.attn_q.bias the file has biases: every layer needs all three.
+        let biased = LlamaHyper::from_gguf(&arch_file("llama", |w| {
+            all_tensors(w, &plain, &[], &[("blk.0.attn_q.bias", &[64])]);
+        }))
+        .unwrap();
+        assert!(biased.qkv_bias);
+        assert_eq!(biased.rope_style(), RopeStyle::GptJ);
+        let f = arch_file("llama", |w| {
+            all_tensors(w, &plain, &[], &[("blk.0.attn_q.bias", &[64])]);
+        });
+        let e = biased.check_tensors(&f).unwrap_err().to_string();
+        assert!(e.contains("blk.0.attn_k.bias"), "{e}");
+        let f = arch_file("llama", |w| all_tensors(w, &biased, &[], &[]));
+        biased.check_tensors(&f).unwrap();
+    }
+
+    #[test]
+    fn llama_rope_freqs_are_read_and_checked() {
+        let plain = LlamaHyper::from_gguf(&arch_file("llama", |_| {})).unwrap();
+        let base = &plain;
+        let with = |dims: &'static [u64]| {
+            arch_file("llama", move |w| {
+                all_tensors(w, base, &[], &[("rope_freqs.weight", dims)]);
+            })
+        };
+        let h = LlamaHyper::from_gguf(&with(&[8])).unwrap();
+        assert!(h.rope_freqs && !plain.rope_freqs);
+        assert!(h
+            .expected_tensors()
+            .contains(&("rope_freqs.weight".into(), vec![8])));
+        h.check_tensors(&with(&[8])).unwrap();
+        let e = h.check_tensors(&with(&[16])).unwrap_err().to_string();
+        assert!(e.contains("rope_freqs.weight") && e.contains("[16]"), "{e}");
+        // qwen2 files have no frequency factors: one is a tensor the decoder would ignore.
+        let q = LlamaHyper::from_gguf(&arch_file("qwen2", |_| {})).unwrap();
+        let f = arch_file("qwen2", |w| {
+            all_tensors(w, &q, &[], &[("rope_freqs.weight", &[8])]);
+        });
+        let q = LlamaHyper::from_gguf(&f).unwrap();
+        assert!(!q.rope_freqs);
+        let e = q.check_tensors(&f).unwrap_err().to_string();
+        assert!(
+            e.contains("rope_freqs.weight") && e.contains("frequency factors"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn tensors_the_decoder_would_ignore_are_refused_by_name() {
+        let h = LlamaHyper::from_gguf(&arch_file("llama", |_| {})).unwrap();
+        for (name, dims, also) in [
+            ("blk.1.attn_output.bias", &[64u64][..], "ignore"),
+            ("blk.0.attn_q.bias", &[64][..], "ignore"),
+        ] {
+            let f = arch_file("llama", |w| all_tensors(w, &h, &[], &[(name, dims)]));
+            // blk.0.attn_q.bias turns the biases on when the file is read; checked against
+            // the hyper-parameters of a file without it, it is one tensor too many.
+            let e = h.check_tensors(&f).unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains(also), "{e}");
+        }
+    }
+
+    #[test]
+    fn scaled_rope_is_refused_by_name() {
+        let refused = |extra: fn(&mut Writer), what: &[&str]| {
+            let e = LlamaHyper::from_gguf(&arch_file("llama", extra))
+                .unwrap_err()
+                .to_string();
+            assert!(what.iter().all(|w| e.contains(w)), "{e}");
+        };
+        refused(
+            |w| {
+                w.str("llama.rope.scaling.type", "yarn");
+            },
+            &["yarn", "llama.rope.scaling.type"],
+        );
+        refused(
+            |w| {
+                w.str("llama.rope.scaling.type", "linear")
+                    .f32("llama.rope.scaling.factor", 4.0);
+            },
+            &["llama.rope.scaling.factor", "4"],
+        );
+        refused(
+            |w| {
+                w.f32("llama.rope.scale_linear", 2.0);
+            },
+            &["llama.rope.scale_linear"],
+        );
+        // Unscaled spellings load.
+        for extra in [
+            (|w: &mut Writer| {
+                w.str("llama.rope.scaling.type", "none");
+            }) as fn(&mut Writer),
+            |w| {
+                w.str("llama.rope.scaling.type", "linear")
+                    .f32("llama.rope.scaling.factor", 1.0);
+            },
+            |w| {
+                w.f32("llama.rope.scaling.factor", 0.0);
+            },
+        ] {
+            LlamaHyper::from_gguf(&arch_file("llama", extra)).unwrap();
+        }
+        // An unknown architecture is named, with the supported ones.
+        let e = LlamaHyper::from_gguf(&arch_file("phi3", |_| {}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("phi3") && e.contains("qwen2"), "{e}");
     }
 }

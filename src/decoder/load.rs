@@ -12,7 +12,6 @@ use super::model::{Decoder, DecoderConfig, HostLayer, HostWeights};
 use super::tokenizer::Tokenizer;
 use super::weights::{LayerMatrix, MatrixData, WeightSource};
 use crate::gpu::Context;
-use crate::rope::RopeStyle;
 use crate::shader::Precision;
 use crate::{Error, Result};
 
@@ -27,8 +26,9 @@ pub struct LoadedModel {
     pub hyper: LlamaHyper,
 }
 
-/// The decoder shape of a GGUF Llama model. GGUF Llama files need GPT-J-style RoPE: llama.cpp's
-/// converter permutes the Q and K rows for it. Partial rotary embeddings are refused.
+/// The decoder shape of a GGUF Llama-family model. RoPE pairs as
+/// [`LlamaHyper::rope_style`] says: GPT-J for `llama` files (llama.cpp's converter permutes
+/// the Q and K rows for it), NeoX for `qwen2`. Partial rotary embeddings are refused.
 pub fn decoder_config(h: &LlamaHyper) -> Result<DecoderConfig> {
     if h.rope_dim != h.head_dim {
         return Err(Error::InvalidArgument(format!(
@@ -45,7 +45,7 @@ pub fn decoder_config(h: &LlamaHyper) -> Result<DecoderConfig> {
         ffn: h.ffn_dim,
         vocab: h.vocab_size,
         rope_theta: h.rope_base,
-        rope_style: RopeStyle::GptJ,
+        rope_style: h.rope_style(),
         rms_eps: h.rms_eps,
     })
 }
@@ -62,7 +62,11 @@ pub fn host_weights(
     hyper.check_tensors(file)?;
     let mut config = decoder_config(hyper)?;
     config.layers = layers.unwrap_or(hyper.n_layers).min(hyper.n_layers);
-    let total = 2 + usize::from(!hyper.tied_embeddings) + 9 * config.layers;
+    let per_layer = 9 + if hyper.qkv_bias { 3 } else { 0 };
+    let total = 2
+        + usize::from(!hyper.tied_embeddings)
+        + usize::from(hyper.rope_freqs)
+        + per_layer * config.layers;
     let mut done = 0;
     let mut load = |name: &str| -> Result<Vec<f32>> {
         let x = file.tensor_f32(name)?;
@@ -77,20 +81,34 @@ pub fn host_weights(
     } else {
         Some(load("output.weight")?)
     };
+    let rope_freqs = if hyper.rope_freqs {
+        Some(load("rope_freqs.weight")?)
+    } else {
+        None
+    };
     let layers = (0..config.layers)
         .map(|i| {
-            let mut t = |what: &str| load(&format!("blk.{i}.{what}.weight"));
-            Ok(HostLayer {
-                attn_norm: t("attn_norm")?,
-                wq: t("attn_q")?,
-                wk: t("attn_k")?,
-                wv: t("attn_v")?,
-                wo: t("attn_output")?,
-                ffn_norm: t("ffn_norm")?,
-                w_gate: t("ffn_gate")?,
-                w_up: t("ffn_up")?,
-                w_down: t("ffn_down")?,
-            })
+            let mut t = |what: &str| load(&format!("blk.{i}.{what}"));
+            let mut layer = HostLayer {
+                attn_norm: t("attn_norm.weight")?,
+                wq: t("attn_q.weight")?,
+                wk: t("attn_k.weight")?,
+                wv: t("attn_v.weight")?,
+                wo: t("attn_output.weight")?,
+                bq: None,
+                bk: None,
+                bv: None,
+                ffn_norm: t("ffn_norm.weight")?,
+                w_gate: t("ffn_gate.weight")?,
+                w_up: t("ffn_up.weight")?,
+                w_down: t("ffn_down.weight")?,
+            };
+            if hyper.qkv_bias {
+                layer.bq = Some(t("attn_q.bias")?);
+                layer.bk = Some(t("attn_k.bias")?);
+                layer.bv = Some(t("attn_v.bias")?);
+            }
+            Ok(layer)
         })
         .collect::<Result<Vec<_>>>()?;
     let weights = HostWeights {
@@ -98,6 +116,7 @@ pub fn host_weights(
         layers,
         final_norm,
         lm_head,
+        rope_freqs,
     };
     weights.validate(&config)?;
     Ok((config, weights))
@@ -105,11 +124,14 @@ pub fn host_weights(
 
 /// A GGUF file as a [`WeightSource`]: each matrix of a type the quantized product reads (rows a
 /// multiple of 32 values) is handed out as its bytes, borrowed from the mapped file, so it goes
-/// to the GPU in its block format; any other matrix is dequantized to f32. Norms are f32.
+/// to the GPU in its block format; any other matrix is dequantized to f32. Norms and biases
+/// are f32.
 #[derive(Debug, Clone, Copy)]
 pub struct GgufSource<'a> {
     file: &'a GgufFile,
     tied: bool,
+    qkv_bias: bool,
+    rope_freqs: bool,
 }
 
 impl<'a> GgufSource<'a> {
@@ -120,6 +142,8 @@ impl<'a> GgufSource<'a> {
         Ok(Self {
             file,
             tied: hyper.tied_embeddings,
+            qkv_bias: hyper.qkv_bias,
+            rope_freqs: hyper.rope_freqs,
         })
     }
 
@@ -162,6 +186,22 @@ impl WeightSource for GgufSource<'_> {
 
     fn matrix(&self, layer: usize, which: LayerMatrix) -> Result<MatrixData<'_>> {
         self.matrix_named(&format!("blk.{layer}.{}.weight", which.gguf_name()))
+    }
+
+    fn bias(&self, layer: usize, which: LayerMatrix) -> Result<Option<Vec<f32>>> {
+        let has = matches!(which, LayerMatrix::Q | LayerMatrix::K | LayerMatrix::V);
+        if !(self.qkv_bias && has) {
+            return Ok(None);
+        }
+        let name = format!("blk.{layer}.{}.bias", which.gguf_name());
+        self.file.tensor_f32(&name).map(Some)
+    }
+
+    fn rope_freqs(&self) -> Result<Option<Vec<f32>>> {
+        if !self.rope_freqs {
+            return Ok(None);
+        }
+        self.file.tensor_f32("rope_freqs.weight").map(Some)
     }
 }
 

@@ -24,7 +24,7 @@ use crate::cache::allocator::SeqId;
 use crate::cache::append_kv::SourceDtype;
 use crate::cache::append_plan::{AppendIo, AppendPlan};
 use crate::cache::paged::{AppendBatch, PagedKvCache, PagedKvConfig};
-use crate::decoder::ops::add::{prepare_add, AddArgs};
+use crate::decoder::ops::add::{prepare_add, prepare_bias_add, AddArgs, BiasAddArgs};
 use crate::decoder::ops::embed::{embed_host_check, prepare_embed, EmbedArgs};
 use crate::decoder::ops::qmatmul::input_buffer;
 use crate::decoder::ops::rms_norm::{prepare_rms_norm, RmsNormArgs};
@@ -151,6 +151,12 @@ pub struct HostLayer {
     pub wv: Vec<f32>,
     /// `[d_model, n_heads * head_dim]`.
     pub wo: Vec<f32>,
+    /// Bias added after the Q product, `[n_heads * head_dim]` (Qwen2); `None`: no bias.
+    pub bq: Option<Vec<f32>>,
+    /// Bias added after the K product (before RoPE), `[n_kv_heads * head_dim]`.
+    pub bk: Option<Vec<f32>>,
+    /// Bias added after the V product, `[n_kv_heads * head_dim]`.
+    pub bv: Option<Vec<f32>>,
     /// RMSNorm weight before the MLP, `[d_model]`.
     pub ffn_norm: Vec<f32>,
     /// `[ffn, d_model]`.
@@ -172,10 +178,27 @@ pub struct HostWeights {
     pub final_norm: Vec<f32>,
     /// Output projection `[vocab, d_model]`; `None`: tied to the embedding.
     pub lm_head: Option<Vec<f32>>,
+    /// RoPE frequency factors `[head_dim / 2]` (Llama 3.1's `rope_freqs.weight`): pair `i`'s
+    /// frequency is divided by `rope_freqs[i]`; `None`: unscaled.
+    pub rope_freqs: Option<Vec<f32>>,
+}
+
+impl HostLayer {
+    /// The bias added after matrix `which`'s product: [`HostLayer::bq`], [`HostLayer::bk`],
+    /// [`HostLayer::bv`]; `None` for the other matrices.
+    pub fn bias(&self, which: LayerMatrix) -> Option<&[f32]> {
+        match which {
+            LayerMatrix::Q => self.bq.as_deref(),
+            LayerMatrix::K => self.bk.as_deref(),
+            LayerMatrix::V => self.bv.as_deref(),
+            _ => None,
+        }
+    }
 }
 
 impl HostWeights {
-    /// Checks every tensor's length against `c`.
+    /// Checks every tensor's length against `c` (and the RoPE frequency factors:
+    /// [`RopeConfig::inv_freq_scaled`]).
     pub fn validate(&self, c: &DecoderConfig) -> Result<()> {
         let d = c.d_model;
         let check = |what: &'static str, got: usize, want: usize| -> Result<()> {
@@ -195,12 +218,23 @@ impl HostWeights {
             check("output projection", head.len(), c.vocab * d)?;
         }
         check("layers", self.layers.len(), c.layers)?;
+        c.rope(c.n_heads)
+            .inv_freq_scaled(self.rope_freqs.as_deref())?;
         for l in &self.layers {
             check("attn_norm", l.attn_norm.len(), d)?;
             check("wq", l.wq.len(), c.q_dim() * d)?;
             check("wk", l.wk.len(), c.kv_dim() * d)?;
             check("wv", l.wv.len(), c.kv_dim() * d)?;
             check("wo", l.wo.len(), d * c.q_dim())?;
+            for (what, bias, want) in [
+                ("bq", &l.bq, c.q_dim()),
+                ("bk", &l.bk, c.kv_dim()),
+                ("bv", &l.bv, c.kv_dim()),
+            ] {
+                if let Some(b) = bias {
+                    check(what, b.len(), want)?;
+                }
+            }
             check("ffn_norm", l.ffn_norm.len(), d)?;
             check("w_gate", l.w_gate.len(), c.ffn * d)?;
             check("w_up", l.w_up.len(), c.ffn * d)?;
@@ -210,17 +244,23 @@ impl HostWeights {
     }
 }
 
-/// One layer's weights on the GPU: its norms, and its matrices in [`LayerMatrix::ALL`] order.
+/// One layer's weights on the GPU: its norms, and its matrices in [`LayerMatrix::ALL`] order
+/// with the bias added after each product (if any).
 #[derive(Debug)]
 struct GpuLayer {
     attn_norm: wgpu::Buffer,
     ffn_norm: wgpu::Buffer,
     matrices: Vec<GpuMatrix>,
+    biases: Vec<Option<wgpu::Buffer>>,
 }
 
 impl GpuLayer {
     fn matrix(&self, which: LayerMatrix) -> &GpuMatrix {
         &self.matrices[which.index()]
+    }
+
+    fn bias(&self, which: LayerMatrix) -> Option<&wgpu::Buffer> {
+        self.biases[which.index()].as_ref()
     }
 }
 
@@ -388,6 +428,8 @@ struct LayerStep {
     q: Product,
     k: Product,
     v: Product,
+    /// The Q, K and V biases' adds (those the layer has), after the three products.
+    qkv_bias: Vec<PreparedOp>,
     o: Product,
     ffn_norm: PreparedOp,
     gate: Product,
@@ -454,11 +496,16 @@ impl Decoder {
 
     /// Uploads the weights `source` hands out, one tensor at a time, checking each against
     /// `config`: matrices in a GGUF block format stay in it on the GPU (see
-    /// [`super::weights`]). `progress(done, total)` is called after each tensor.
+    /// [`super::weights`]), with the biases of the Q, K and V products the source has
+    /// ([`WeightSource::bias`]) and RoPE scaled by the source's frequency factors
+    /// ([`WeightSource::rope_freqs`]). `progress(done, total)` is called after each norm and
+    /// each matrix (with its bias).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `config` is invalid, a tensor has the wrong size or a
-    /// block matrix's rows are not a multiple of 32 values; [`Error::MissingFeature`] for
+    /// [`Error::InvalidArgument`] when `config` is invalid, a tensor has the wrong size, a
+    /// block matrix's rows are not a multiple of 32 values, a bias comes with a matrix other
+    /// than Q, K or V, or the RoPE frequency factors are not `head_dim / 2` finite positive
+    /// values; [`Error::MissingFeature`] for
     /// [`Precision::F16`] without `SHADER_F16`; the source's errors; [`Error::Wgpu`] from wgpu.
     pub fn upload_from(
         ctx: &Context,
@@ -502,6 +549,9 @@ impl Decoder {
             None => None,
         };
         tick();
+        let rope_freqs = source.rope_freqs()?;
+        let rope = |heads| RopeTables::scaled(ctx, &config.rope(heads), rope_freqs.as_deref());
+        let (rope_q, rope_k) = (rope(c.n_heads)?, rope(c.n_kv_heads)?);
         let final_norm = vector("final norm", source.final_norm()?)?;
         bytes += final_norm.size();
         tick();
@@ -514,18 +564,42 @@ impl Decoder {
             tick();
             tick();
             let mut matrices = Vec::with_capacity(LayerMatrix::ALL.len());
+            let mut biases = Vec::with_capacity(LayerMatrix::ALL.len());
             for which in LayerMatrix::ALL {
                 let what = format!("layer {i} {}", which.gguf_name());
                 let data = source.matrix(i, which)?;
                 let m = GpuMatrix::upload(ctx, &what, &data, which.shape(&c))?;
                 bytes += m.gpu_bytes();
                 matrices.push(m);
+                let bias = match source.bias(i, which)? {
+                    Some(b) => {
+                        let rows = which.shape(&c).0;
+                        if !matches!(which, LayerMatrix::Q | LayerMatrix::K | LayerMatrix::V) {
+                            return Err(Error::InvalidArgument(format!(
+                                "{what}: a bias after this product is not supported (only \
+                                 after Q, K and V)"
+                            )));
+                        }
+                        if b.len() != rows {
+                            return Err(Error::InvalidArgument(format!(
+                                "{what} bias: {} values, expected {rows}",
+                                b.len()
+                            )));
+                        }
+                        let buffer = ctx.upload(&format!("{what} bias"), &b)?;
+                        bytes += buffer.size();
+                        Some(buffer)
+                    }
+                    None => None,
+                };
+                biases.push(bias);
                 tick();
             }
             layers.push(GpuLayer {
                 attn_norm,
                 ffn_norm,
                 matrices,
+                biases,
             });
         }
         Ok(Self {
@@ -536,8 +610,8 @@ impl Decoder {
             final_norm,
             lm_head,
             weight_bytes: bytes,
-            rope_q: RopeTables::new(ctx, &config.rope(config.n_heads))?,
-            rope_k: RopeTables::new(ctx, &config.rope(config.n_kv_heads))?,
+            rope_q,
+            rope_k,
             steps: Mutex::new(StepCache::default()),
         })
     }
@@ -601,8 +675,8 @@ impl Decoder {
     /// with [`PendingStep::read`]. Read a step's logits before recording the next step of the
     /// same shape (they share the staging buffer).
     ///
-    /// The step goes into one compute pass of `encoder`: the embedding, every layer (norm, Q/K/V products,
-    /// RoPE, the append into the cache, paged attention, output product, residual, norm,
+    /// The step goes into one compute pass of `encoder`: the embedding, every layer (norm, Q/K/V products
+    /// and their biases, RoPE, the append into the cache, paged attention, output product, residual, norm,
     /// gate/up products, SwiGLU, down product, residual), the final norm and the logits are
     /// recorded, then the logits are copied into a reusable staging buffer. The resources of a step (activations, plans,
     /// bind groups, logits) are kept for the last few step shapes (tokens per sequence, which
@@ -763,6 +837,9 @@ impl Decoder {
             ops.q.encode(pass);
             ops.k.encode(pass);
             ops.v.encode(pass);
+            for bias in &ops.qkv_bias {
+                bias.encode(pass);
+            }
             step.rope_q.encode(pass);
             step.rope_k.encode(pass);
             let io = AppendIo {
@@ -853,11 +930,28 @@ impl Decoder {
         let mut layers = Vec::with_capacity(c.layers);
         for w in &self.layers {
             let m = |which| w.matrix(which);
+            let mut qkv_bias = Vec::new();
+            for (which, x) in [
+                (LayerMatrix::Q, &s.q),
+                (LayerMatrix::K, &s.k),
+                (LayerMatrix::V, &s.v),
+            ] {
+                if let Some(bias) = w.bias(which) {
+                    let args = BiasAddArgs {
+                        rows: t,
+                        dim: which.shape(&c).0,
+                        x,
+                        bias,
+                    };
+                    qkv_bias.push(prepare_bias_add(ctx, &args)?);
+                }
+            }
             layers.push(LayerStep {
                 attn_norm: prepare_rms_norm(ctx, &norm(&w.attn_norm, &s.h))?,
                 q: product(m(LayerMatrix::Q), &s.h, all, &s.q)?,
                 k: product(m(LayerMatrix::K), &s.h, all, &s.k)?,
                 v: product(m(LayerMatrix::V), &s.h, all, &s.v)?,
+                qkv_bias,
                 o: product(m(LayerMatrix::O), &s.attn, all, &s.proj)?,
                 ffn_norm: prepare_rms_norm(ctx, &norm(&w.ffn_norm, &s.h))?,
                 gate: product(m(LayerMatrix::Gate), &s.h, all, &s.gate)?,

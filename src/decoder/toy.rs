@@ -68,6 +68,9 @@ pub fn random_weights(c: &DecoderConfig, seed: u64) -> HostWeights {
             wk: r.take(c.kv_dim() * d, fan(d)),
             wv: r.take(c.kv_dim() * d, fan(d)),
             wo: r.take(d * c.q_dim(), fan(c.q_dim())),
+            bq: None,
+            bk: None,
+            bv: None,
             ffn_norm: vec![1.0; d],
             w_gate: r.take(c.ffn * d, fan(d)),
             w_up: r.take(c.ffn * d, fan(d)),
@@ -79,6 +82,7 @@ pub fn random_weights(c: &DecoderConfig, seed: u64) -> HostWeights {
         layers,
         final_norm: vec![1.0; d],
         lm_head: Some(r.take(c.vocab * d, fan(d))),
+        rope_freqs: None,
     }
 }
 

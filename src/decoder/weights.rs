@@ -115,6 +115,17 @@ pub trait WeightSource {
     fn norms(&self, layer: usize) -> Result<(Vec<f32>, Vec<f32>)>;
     /// Layer `layer`'s matrix `which`.
     fn matrix(&self, layer: usize, which: LayerMatrix) -> Result<MatrixData<'_>>;
+    /// The bias added after layer `layer`'s product with matrix `which` (`[rows]` of the
+    /// matrix), or `None` (the default: no biases). Only Q, K and V may have one (Qwen2).
+    fn bias(&self, layer: usize, which: LayerMatrix) -> Result<Option<Vec<f32>>> {
+        let _ = (layer, which);
+        Ok(None)
+    }
+    /// RoPE frequency factors `[head_dim / 2]` ([`HostWeights::rope_freqs`]), or `None` (the
+    /// default: unscaled RoPE).
+    fn rope_freqs(&self) -> Result<Option<Vec<f32>>> {
+        Ok(None)
+    }
 }
 
 impl WeightSource for HostWeights {
@@ -150,6 +161,14 @@ impl WeightSource for HostWeights {
             LayerMatrix::Down => &l.w_down,
         };
         Ok(MatrixData::F32(Cow::Borrowed(m)))
+    }
+
+    fn bias(&self, layer: usize, which: LayerMatrix) -> Result<Option<Vec<f32>>> {
+        Ok(self.layers[layer].bias(which).map(<[f32]>::to_vec))
+    }
+
+    fn rope_freqs(&self) -> Result<Option<Vec<f32>>> {
+        Ok(self.rope_freqs.clone())
     }
 }
 

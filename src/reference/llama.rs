@@ -1,7 +1,10 @@
 //! CPU reference of the Llama-family decoder's forward pass: the oracle of
 //! [`Decoder`](crate::decoder::model::Decoder). Plain loops with f64 accumulation for the norms
-//! and matrix products, [`rope`](super::rope::rope) for the rotary embedding and
-//! [`attention`](super::attention()) (causal) for attention, on one sequence.
+//! and matrix products (each output rounded once to f32, then the layer's Q/K/V bias, if any,
+//! added in f32), [`rope`](super::rope::rope) for the rotary embedding and
+//! [`attention`](super::attention()) (causal) for attention, on one sequence. RoPE frequencies
+//! are divided by the weights' frequency factors when they have them
+//! ([`rope_scaled`](super::rope::rope_scaled)).
 
 use crate::attention::{AttentionOptions, RaggedBatch};
 use crate::decoder::model::{DecoderConfig, HostWeights};
@@ -39,6 +42,14 @@ fn linear(x: &[f32], w: &[f32], k: usize, n: usize) -> Vec<f32> {
     y
 }
 
+/// `y[t] + b` for every row `t` of `y` ([`super::ops::bias_add`]), when there is a bias.
+fn add_bias(y: Vec<f32>, bias: Option<&[f32]>) -> Result<Vec<f32>> {
+    match bias {
+        Some(b) => super::ops::bias_add(&y, b),
+        None => Ok(y),
+    }
+}
+
 /// The residual stream `[tokens.len(), d_model]` after the first `layers` layers.
 fn hidden(
     config: &DecoderConfig,
@@ -70,11 +81,12 @@ fn hidden(
     let options = AttentionOptions::default();
     for w in &weights.layers[..n_layers] {
         let h = rms_norm(&x, &w.attn_norm, c.rms_eps);
-        let q = linear(&h, &w.wq, d, c.q_dim());
-        let k = linear(&h, &w.wk, d, c.kv_dim());
-        let v = linear(&h, &w.wv, d, c.kv_dim());
-        let q = super::rope::rope(&q, &positions, &c.rope(c.n_heads))?;
-        let k = super::rope::rope(&k, &positions, &c.rope(c.n_kv_heads))?;
+        let q = add_bias(linear(&h, &w.wq, d, c.q_dim()), w.bq.as_deref())?;
+        let k = add_bias(linear(&h, &w.wk, d, c.kv_dim()), w.bk.as_deref())?;
+        let v = add_bias(linear(&h, &w.wv, d, c.kv_dim()), w.bv.as_deref())?;
+        let factors = weights.rope_freqs.as_deref();
+        let q = super::rope::rope_scaled(&q, &positions, &c.rope(c.n_heads), factors)?;
+        let k = super::rope::rope_scaled(&k, &positions, &c.rope(c.n_kv_heads), factors)?;
         let cu = [0u32, t as u32];
         let batch = RaggedBatch {
             q: &q,
@@ -139,4 +151,41 @@ fn head(c: &DecoderConfig, weights: &HostWeights, x: &[f32]) -> Result<Vec<f32>>
         out.extend(linear(&normed, table, d, c.vocab));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decoder::toy::{random_weights, toy_config};
+
+    #[test]
+    fn biases_and_factors_of_the_wrong_shape_are_refused() {
+        let c = DecoderConfig {
+            layers: 1,
+            ..toy_config(2)
+        };
+        let w = random_weights(&c, 3);
+        let mut biased = w.clone();
+        biased.layers[0].bk = Some(vec![0.5; c.kv_dim()]);
+        let a = llama_logits(&c, &w, &[1, 2, 3], None).unwrap();
+        let b = llama_logits(&c, &biased, &[1, 2, 3], None).unwrap();
+        assert_ne!(a, b, "the K bias is used");
+        biased.layers[0].bk = Some(vec![0.5; c.q_dim()]);
+        match llama_logits(&c, &biased, &[1], None) {
+            Err(Error::ShapeMismatch { what: "bk", .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        for factors in [vec![1.0; c.head_dim], vec![0.0; c.head_dim / 2]] {
+            let scaled = HostWeights {
+                rope_freqs: Some(factors),
+                ..w.clone()
+            };
+            match llama_logits(&c, &scaled, &[1], None) {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains("RoPE"), "{m}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(super::super::ops::bias_add(&[1.0; 5], &[1.0, 2.0]).is_err());
+        assert!(super::super::ops::bias_add(&[1.0; 4], &[]).is_err());
+    }
 }

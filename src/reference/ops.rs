@@ -101,6 +101,20 @@ pub fn add(x: &[f32], y: &[f32]) -> Result<Vec<f32>> {
     Ok(x.iter().zip(y).map(|(&a, &b)| a + b).collect())
 }
 
+/// A bias added to every row: `x[r * dim + j] + bias[j]` with `dim = bias.len()`, one f32
+/// addition per element (the GPU's bias add; Qwen2's Q/K/V biases).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when `bias` is empty; [`Error::ShapeMismatch`] when `x` is not
+/// a whole number of rows.
+pub fn bias_add(x: &[f32], bias: &[f32]) -> Result<Vec<f32>> {
+    positive("bias_add bias length", bias.len())?;
+    check_len("bias_add x", x.len() % bias.len(), 0)?;
+    Ok(x.chunks(bias.len())
+        .flat_map(|row| row.iter().zip(bias).map(|(&a, &b)| a + b))
+        .collect())
+}
+
 /// Embedding gather: row `ids[t]` of `table` (`[vocab, dim]`, `vocab = table.len() / dim`) for
 /// each token, bit for bit; an id `>= vocab` gives a row of zeros (what the kernel writes).
 ///

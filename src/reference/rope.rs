@@ -124,6 +124,35 @@ impl RopeConfig {
             .map(|i| theta.powf(-2.0 * i as f64 / rot))
             .collect()
     }
+
+    /// [`inv_freq`](Self::inv_freq) with pair `i`'s frequency divided by `factors[i]` (Llama
+    /// 3.1's per-dimension frequency factors, GGUF `rope_freqs.weight`); `None`: unscaled.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless there is one factor per pair (`rotary_dim / 2`), each
+    /// finite and positive.
+    pub fn inv_freq_scaled(&self, factors: Option<&[f32]>) -> Result<Vec<f64>> {
+        let mut f = self.inv_freq();
+        let Some(factors) = factors else {
+            return Ok(f);
+        };
+        if factors.len() != f.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} RoPE frequency factors for {} rotary pairs",
+                factors.len(),
+                f.len()
+            )));
+        }
+        if let Some(bad) = factors.iter().find(|&&x| !(x.is_finite() && x > 0.0)) {
+            return Err(Error::InvalidArgument(format!(
+                "RoPE frequency factor {bad} must be finite and positive"
+            )));
+        }
+        f.iter_mut()
+            .zip(factors)
+            .for_each(|(f, &s)| *f /= f64::from(s));
+        Ok(f)
+    }
 }
 
 /// Rotates `x` (`[n_tokens, num_heads, head_dim]` row-major) with token `t` at position
@@ -133,6 +162,20 @@ impl RopeConfig {
 /// The configuration's error ([`RopeConfig::validate`]), or [`Error::ShapeMismatch`] when `x`
 /// does not hold `positions.len() * num_heads * head_dim` values.
 pub fn rope(x: &[f32], positions: &[u32], cfg: &RopeConfig) -> Result<Vec<f32>> {
+    rope_scaled(x, positions, cfg, None)
+}
+
+/// [`rope`] with each pair's frequency divided by its factor
+/// ([`RopeConfig::inv_freq_scaled`]).
+///
+/// # Errors
+/// As [`rope`], and the factors' errors.
+pub fn rope_scaled(
+    x: &[f32],
+    positions: &[u32],
+    cfg: &RopeConfig,
+    factors: Option<&[f32]>,
+) -> Result<Vec<f32>> {
     cfg.validate()?;
     let expected = cfg.elems(positions.len())?;
     if x.len() != expected {
@@ -142,7 +185,7 @@ pub fn rope(x: &[f32], positions: &[u32], cfg: &RopeConfig) -> Result<Vec<f32>> 
             got: x.len(),
         });
     }
-    let inv_freq = cfg.inv_freq();
+    let inv_freq = cfg.inv_freq_scaled(factors)?;
     let mut out = x.to_vec();
     let d = cfg.head_dim;
     for (t, &pos) in positions.iter().enumerate() {

@@ -15,10 +15,8 @@ use kvattn::shader::Precision;
 use kvattn::Result;
 
 use crate::common::{gpu, max_abs_err, output_scale, Rng};
+use crate::gguf_writer::{temp_dir, Blocks, GgufWriter};
 use crate::qmatmul::random_weight;
-
-/// One matrix: its type and file bytes.
-type Blocks = (GgmlType, Vec<u8>);
 
 /// A model whose matrices are blocks, and the same model dequantized to f32.
 struct BlockModel {
@@ -78,6 +76,9 @@ fn block_model(c: &DecoderConfig, seed: u64) -> BlockModel {
             wk: next(),
             wv: next(),
             wo: next(),
+            bq: None,
+            bk: None,
+            bv: None,
             ffn_norm: vec![1.0; d],
             w_gate: next(),
             w_up: next(),
@@ -94,6 +95,7 @@ fn block_model(c: &DecoderConfig, seed: u64) -> BlockModel {
             layers: host,
             final_norm: vec![1.0; d],
             lm_head: Some(lm_head),
+            rope_freqs: None,
         },
     }
 }
@@ -235,103 +237,15 @@ fn block_weights_keep_decode_prefill_and_batch_bits() {
 /// A GGUF version 3 file holding `m` as a `llama` model of shape `c`: the metadata
 /// `LlamaHyper` reads and every tensor, blocks as they are, norms as F32.
 fn gguf_file(c: &DecoderConfig, m: &BlockModel) -> Vec<u8> {
-    fn string(b: &mut Vec<u8>, s: &str) {
-        b.extend((s.len() as u64).to_le_bytes());
-        b.extend(s.as_bytes());
-    }
-    let mut kv = Vec::new();
-    let mut n_kv = 0u64;
-    let mut put = |key: &str, tag: u32, value: &[u8]| {
-        string(&mut kv, key);
-        kv.extend(tag.to_le_bytes());
-        kv.extend(value);
-        n_kv += 1;
-    };
-    let mut arch = Vec::new();
-    string(&mut arch, "llama");
-    put("general.architecture", 8, &arch);
-    for (key, v) in [
-        ("block_count", c.layers),
-        ("embedding_length", c.d_model),
-        ("feed_forward_length", c.ffn),
-        ("attention.head_count", c.n_heads),
-        ("attention.head_count_kv", c.n_kv_heads),
-        ("context_length", 256),
-        ("vocab_size", c.vocab),
-    ] {
-        put(&format!("llama.{key}"), 4, &(v as u32).to_le_bytes());
-    }
-    put("llama.rope.freq_base", 6, &c.rope_theta.to_le_bytes());
-    put(
-        "llama.attention.layer_norm_rms_epsilon",
-        6,
-        &c.rms_eps.to_le_bytes(),
-    );
-    let f32s = |v: &[f32]| -> Blocks {
-        (
-            GgmlType::F32,
-            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        )
-    };
-    let d = c.d_model as u64;
-    let mut tensors: Vec<(String, Vec<u64>, Blocks)> = vec![
-        (
-            "token_embd.weight".into(),
-            vec![d, c.vocab as u64],
-            m.embedding.clone(),
-        ),
-        (
-            "output.weight".into(),
-            vec![d, c.vocab as u64],
-            m.output.clone(),
-        ),
-        (
-            "output_norm.weight".into(),
-            vec![d],
-            f32s(&m.f32.final_norm),
-        ),
-    ];
-    for (i, layer) in m.layers.iter().enumerate() {
-        let l = &m.f32.layers[i];
-        tensors.push((
-            format!("blk.{i}.attn_norm.weight"),
-            vec![d],
-            f32s(&l.attn_norm),
-        ));
-        tensors.push((
-            format!("blk.{i}.ffn_norm.weight"),
-            vec![d],
-            f32s(&l.ffn_norm),
-        ));
-        for which in LayerMatrix::ALL {
-            let (n, k) = which.shape(c);
-            let name = format!("blk.{i}.{}.weight", which.gguf_name());
-            tensors.push((name, vec![k as u64, n as u64], layer[which.index()].clone()));
-        }
-    }
-    let align = |x: usize| x.div_ceil(32) * 32;
-    let mut info = Vec::new();
-    let mut offset = 0usize;
-    for (name, dims, (ty, bytes)) in &tensors {
-        string(&mut info, name);
-        info.extend((dims.len() as u32).to_le_bytes());
-        dims.iter().for_each(|x| info.extend(x.to_le_bytes()));
-        info.extend(ty.id().to_le_bytes());
-        info.extend((offset as u64).to_le_bytes());
-        offset = align(offset + bytes.len());
-    }
-    let mut out = b"GGUF".to_vec();
-    out.extend(3u32.to_le_bytes());
-    out.extend((tensors.len() as u64).to_le_bytes());
-    out.extend(n_kv.to_le_bytes());
-    out.extend(kv);
-    out.extend(info);
-    out.resize(align(out.len()), 0);
-    for (_, _, (_, bytes)) in &tensors {
-        out.extend(bytes);
-        out.resize(align(out.len()), 0);
-    }
-    out
+    let mut w = GgufWriter::default();
+    w.hyper("llama", c).model(c, &m.f32, |which, output| {
+        Some(match which {
+            Some((layer, which)) => m.layers[layer][which.index()].clone(),
+            None if output => m.output.clone(),
+            None => m.embedding.clone(),
+        })
+    });
+    w.build()
 }
 
 /// The model written as a GGUF file, mapped and uploaded as `load_gguf` does (`GgufSource`):
@@ -343,8 +257,7 @@ fn a_gguf_file_of_block_tensors_loads_with_the_bits_of_its_blocks() {
     let ctx = gpu();
     let c = config();
     let m = block_model(&c, 47);
-    let dir = std::env::temp_dir().join(format!("kvattn-blocks-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("blocks");
     let path = dir.join("blocks.gguf");
     std::fs::write(&path, gguf_file(&c, &m)).unwrap();
     let file = GgufFile::open(&path).unwrap();

@@ -9,9 +9,11 @@
 //!   an adapter may flush from subnormal to zero); the bound is derived in
 //!   `kvattn::decoder::ops::rms_norm`'s docs.
 //! - swiglu: see [`swiglu_bound`] (a few ulp, plus WGSL's allowance for `exp`).
-//! - add and embed: bit for bit (one correctly rounded f32 addition; a copy).
+//! - add, bias add and embed: bit for bit (one correctly rounded f32 addition; a copy).
 
-use kvattn::decoder::ops::add::{add_in_place, encode_add, prepare_add, AddArgs};
+use kvattn::decoder::ops::add::{
+    add_in_place, encode_add, prepare_add, prepare_bias_add, AddArgs, BiasAddArgs,
+};
 use kvattn::decoder::ops::embed::{
     embed, embed_host_check, encode_embed, prepare_embed, EmbedArgs,
 };
@@ -510,6 +512,95 @@ fn add_rejects_bad_input() {
     assert_shape("y too small", add_in_place(ctx, 64, &x, &small));
     assert_invalid("x is y", add_in_place(ctx, 64, &x, &x));
     assert_invalid("no STORAGE", add_in_place(ctx, 64, &x, &plain));
+    let xs: Vec<f32> = ctx.read_back(&x, 64).unwrap();
+    assert!(xs.iter().all(|v| v.is_nan()), "a refused call wrote");
+}
+
+// ---------------------------------------------------------------------------------------------
+// bias add
+
+/// Runs the bias add over `x` (rows of `bias.len()`) with a NaN tail after `x`.
+fn run_bias_add(ctx: &Context, x: &[f32], bias: &[f32]) -> Vec<f32> {
+    let mut padded = x.to_vec();
+    padded.extend([f32::NAN; TAIL]);
+    let xb = ctx.upload("x", &padded).unwrap();
+    let bb = ctx.upload("bias", bias).unwrap();
+    let args = BiasAddArgs {
+        rows: x.len() / bias.len(),
+        dim: bias.len(),
+        x: &xb,
+        bias: &bb,
+    };
+    let op = prepare_bias_add(ctx, &args).unwrap();
+    ctx.run_pass("bias add", |pass| {
+        op.encode(pass);
+        Ok(())
+    })
+    .unwrap();
+    read(ctx, "bias add", &xb, x.len())
+}
+
+#[test]
+fn bias_add_is_exact_over_shapes_and_slices() {
+    let mut rng = Rng::new(307);
+    // Small rows, the qwen2 test model's Q and K/V widths, and 100,307 values in 64 KiB
+    // slices (a slice starts mid-row: its first bias index is not 0).
+    for (ctx, rows, dim) in [
+        (gpu(), 1, 1),
+        (gpu(), 3, 5),
+        (gpu(), 13, 72),
+        (gpu(), 13, 24),
+        (gpu_capped(), 2711, 37),
+    ] {
+        let x = rng.normals(rows * dim, 3.0);
+        let bias = rng.normals(dim, 0.5);
+        let got = run_bias_add(ctx, &x, &bias);
+        let want = reference::bias_add(&x, &bias).unwrap();
+        for i in 0..x.len() {
+            assert_eq!(
+                got[i].to_bits(),
+                want[i].to_bits(),
+                "{rows} x {dim}, element {i}: GPU {} vs {}",
+                got[i],
+                want[i]
+            );
+        }
+    }
+    // NaN propagates from either side (its payload is the adapter's).
+    let got = run_bias_add(gpu(), &[f32::NAN, 1.0, 2.0, 3.0], &[0.5, f32::NAN]);
+    assert!(
+        got[0].is_nan() && got[1].is_nan() && got[3].is_nan(),
+        "{got:?}"
+    );
+    assert_eq!(got[2], 2.5);
+}
+
+#[test]
+fn bias_add_rejects_bad_input() {
+    let ctx = gpu();
+    let x = ctx.filled("x", 64, f32::NAN).unwrap();
+    let bias = ctx.upload("bias", &[1.0f32; 16]).unwrap();
+    let plain = uniform_buffer(ctx);
+    let args = |rows, dim, x, bias| BiasAddArgs { rows, dim, x, bias };
+    assert_invalid("rows 0", prepare_bias_add(ctx, &args(0, 16, &x, &bias)));
+    assert_invalid("dim 0", prepare_bias_add(ctx, &args(4, 0, &x, &bias)));
+    assert_invalid(
+        "over u32",
+        prepare_bias_add(ctx, &args(1 << 20, 1 << 13, &x, &bias)),
+    );
+    assert_shape(
+        "x too small",
+        prepare_bias_add(ctx, &args(5, 16, &x, &bias)),
+    );
+    assert_shape(
+        "bias too small",
+        prepare_bias_add(ctx, &args(2, 32, &x, &bias)),
+    );
+    assert_invalid("x is bias", prepare_bias_add(ctx, &args(4, 16, &x, &x)));
+    assert_invalid(
+        "no STORAGE",
+        prepare_bias_add(ctx, &args(4, 16, &x, &plain)),
+    );
     let xs: Vec<f32> = ctx.read_back(&x, 64).unwrap();
     assert!(xs.iter().all(|v| v.is_nan()), "a refused call wrote");
 }

@@ -13,10 +13,14 @@ mod decode;
 #[cfg(feature = "decoder")]
 mod decoder;
 #[cfg(feature = "decoder")]
+mod decoder_arch;
+#[cfg(feature = "decoder")]
 mod decoder_blocks;
 #[cfg(feature = "decoder")]
 mod decoder_ops;
 mod embedding;
+#[cfg(feature = "decoder")]
+mod gguf_writer;
 mod gpu_errors;
 mod head_matmul;
 mod kv_load;

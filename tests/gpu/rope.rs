@@ -529,3 +529,71 @@ fn prepared_rope_refuses_bad_bindings_before_recording() {
     let got: Vec<f32> = ctx.read_back(&out, n).unwrap();
     assert!(got.iter().all(|&v| kvattn::gpu::is_unwritten(v)), "written");
 }
+
+/// Tables with per-pair frequency factors (Llama 3.1's `rope_freqs.weight`) against
+/// `rope_scaled` within the same bound, both styles; bad factors are refused before anything
+/// is uploaded.
+#[test]
+fn frequency_factors_scale_each_pair_as_the_reference_does() {
+    let ctx = gpu();
+    let mut rng = Rng::new(59);
+    for cfg in [
+        RopeConfig::new(RopeStyle::GptJ, 500_000.0, 64, 3),
+        RopeConfig::new(RopeStyle::NeoX, 10_000.0, 12, 2),
+    ] {
+        let pairs = cfg.head_dim / 2;
+        let factors: Vec<f32> = (0..pairs).map(|i| 1.0 + (i % 5) as f32 * 1.75).collect();
+        let positions: Vec<u32> = (0..9u32).map(|t| t * 997 + 3).collect();
+        let n = positions.len() * cfg.num_heads * cfg.head_dim;
+        let x = rng.normals(n, 2.0);
+        let input = ctx.upload("x", &x).unwrap();
+        let out = ctx.filled("out", n, kvattn::gpu::UNWRITTEN).unwrap();
+        let pos = ctx.upload("positions", &positions).unwrap();
+        let tables = RopeTables::scaled(ctx, &cfg, Some(&factors)).unwrap();
+        let args = RopeArgs {
+            tables: &tables,
+            x: input.as_entire_buffer_binding(),
+            positions: &pos,
+            tokens: positions.len(),
+            out: out.as_entire_buffer_binding(),
+        };
+        let prepared = Rope::prepare(ctx, &args).unwrap();
+        ctx.run_pass("scaled rope", |pass| {
+            prepared.encode(pass);
+            Ok(())
+        })
+        .unwrap();
+        let got: Vec<f32> = ctx.read_back(&out, n).unwrap();
+        let want = reference::rope::rope_scaled(&x, &positions, &cfg, Some(&factors)).unwrap();
+        let unscaled = reference::rope(&x, &positions, &cfg).unwrap();
+        assert!(
+            max_abs_err(&want, &unscaled) > 0.1,
+            "the factors change the rotation"
+        );
+        for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            let d = cfg.head_dim;
+            let (row, j) = (e / d, e % d);
+            let i = (0..pairs)
+                .find(|&i| {
+                    let (a, b) = cfg.style.pair(i, d);
+                    a == j || b == j
+                })
+                .unwrap();
+            let (a, b) = cfg.style.pair(i, d);
+            let bound = error_bound(x[row * d + a], x[row * d + b]);
+            let err = (f64::from(g) - f64::from(w)).abs();
+            assert!(err <= bound, "{cfg:?} element {e}: {g} vs {w}");
+        }
+    }
+    let cfg = RopeConfig::new(RopeStyle::NeoX, 10_000.0, 8, 1);
+    for bad in [
+        &[1.0f32; 3][..],
+        &[1.0, 0.0, 1.0, 1.0],
+        &[1.0, f32::NAN, 1.0, 1.0],
+    ] {
+        match RopeTables::scaled(ctx, &cfg, Some(bad)) {
+            Err(Error::InvalidArgument(_)) => {}
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+}

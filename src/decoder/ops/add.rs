@@ -1,13 +1,18 @@
 //! The residual add on the GPU (`shaders/add.wgsl`): `x[i] += y[i]`, in place, one f32
 //! addition per element (correctly rounded on Vulkan, Metal, DX12 and GL, so the result equals
 //! the CPU's [`crate::reference::ops::add`] bit for bit for normal values; an adapter that
-//! flushes subnormals to zero may differ there).
+//! flushes subnormals to zero may differ there). The same kernel adds a bias to every row
+//! ([`prepare_bias_add`]: `x[r * dim + j] += b[j]`, Qwen2's Q/K/V biases), with the same
+//! rounding and NaN propagation; each element's sum depends on that element alone, so the op is
+//! batch-invariant.
 
-use crate::decoder::ops::{check_distinct, prepare_elementwise, PreparedOp};
-use crate::gpu::dispatch::check_positive;
+use crate::decoder::ops::{
+    check_distinct, prepare_elementwise, prepare_elementwise_with, PreparedOp,
+};
+use crate::gpu::dispatch::{check_positive, max_bound_elems};
 use crate::gpu::{check_storage, Context};
 use crate::shader::Kernel;
-use crate::Result;
+use crate::{Error, Result};
 
 crate::wgsl_struct! {
     /// Mirror of the WGSL `AddParams` uniform (one per dispatch).
@@ -16,10 +21,20 @@ crate::wgsl_struct! {
         pub n: u32,
         /// Invocations along x of the dispatch grid.
         pub stride_x: u32,
-        /// Index of the dispatch's first element inside each binding.
+        /// Index of the dispatch's first element inside each binding (of `y` too when
+        /// `period` is 0).
         pub base: u32,
+        /// 0: `y` is sliced as `x` is; else `y` is a whole bias of `period` values, added to
+        /// every row of `period` elements of `x`.
+        pub period: u32,
+        /// With a bias: the bias index of the dispatch's first element.
+        pub phase: u32,
         /// Padding.
         pub _pad0: u32,
+        /// Padding.
+        pub _pad1: u32,
+        /// Padding.
+        pub _pad2: u32,
     }
 }
 
@@ -54,6 +69,67 @@ pub fn prepare_add(ctx: &Context, args: &AddArgs<'_>) -> Result<PreparedOp> {
             ..Default::default()
         }
     })
+}
+
+/// A bias added to every row: `x[r * dim + j] += bias[j]` for `r < rows`, `j < dim`.
+#[derive(Debug, Clone, Copy)]
+pub struct BiasAddArgs<'a> {
+    /// Rows of `x`.
+    pub rows: usize,
+    /// Values per row (and of the bias).
+    pub dim: usize,
+    /// Added into, in place (f32 storage, at least `rows * dim` values).
+    pub x: &'a wgpu::Buffer,
+    /// The bias (f32 storage of at least `dim` values, bound whole: it must fit one binding;
+    /// a buffer other than `x`).
+    pub bias: &'a wgpu::Buffer,
+}
+
+/// Checks `args` and prepares the bias add (the kernel of [`add_in_place`], with the bias
+/// bound whole in every slice of `x`).
+///
+/// # Errors
+/// Before anything is made: [`Error::InvalidArgument`] when `rows` or `dim` is 0, `rows *
+/// dim` or `2 * dim` does not fit a u32, a buffer lacks `STORAGE` usage, the bias is `x`, or
+/// its buffer does not fit one binding; [`Error::ShapeMismatch`] when `x` holds fewer than
+/// `rows * dim` values or the bias fewer than `dim`; [`Error::Wgpu`] from wgpu.
+pub fn prepare_bias_add(ctx: &Context, args: &BiasAddArgs<'_>) -> Result<PreparedOp> {
+    let BiasAddArgs { rows, dim, x, bias } = *args;
+    check_positive("bias add", &[("rows", rows), ("dim", dim)])?;
+    let n = rows
+        .checked_mul(dim)
+        .filter(|&n| u32::try_from(n).is_ok())
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("bias add: {rows} x {dim} values do not fit a u32"))
+        })?;
+    if u32::try_from(2 * dim as u64).is_err() {
+        return Err(Error::InvalidArgument(format!(
+            "bias add: a bias of {dim} values is too long"
+        )));
+    }
+    check_storage("bias add x", x, n)?;
+    check_storage("bias add bias", bias, dim)?;
+    if bias.size() / 4 > max_bound_elems(ctx) {
+        return Err(Error::InvalidArgument(format!(
+            "bias add: the bias buffer ({} bytes) does not fit one binding",
+            bias.size()
+        )));
+    }
+    check_distinct("bias add", ("x", x), &[("bias", bias)])?;
+    prepare_elementwise_with(
+        ctx,
+        Kernel::Add,
+        n,
+        (&[x], &[bias]),
+        |n, stride_x, base, first| AddParams {
+            n,
+            stride_x,
+            base,
+            period: dim as u32,
+            phase: (first % dim as u64) as u32,
+            ..Default::default()
+        },
+    )
 }
 
 /// Records the add into `pass` (submits nothing); on error nothing is recorded.

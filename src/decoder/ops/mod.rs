@@ -4,7 +4,8 @@
 //!
 //! - [`rms_norm::rms_norm`]: Llama RMSNorm, one workgroup per row, batch-invariant;
 //! - [`swiglu::swiglu`]: `silu(gate) * up`, overflow-safe;
-//! - [`add::add_in_place`]: `x += y`, the residual connection;
+//! - [`add::add_in_place`]: `x += y`, the residual connection, and
+//!   [`add::prepare_bias_add`]: `x[r] += b` on every row (Qwen2's Q/K/V biases);
 //! - [`embed::embed`]: the token-embedding gather, with [`embed::embed_host_check`] for ids;
 //! - [`qmatmul::qmatmul`]: the matrix product over weights in their GGUF block format, and
 //!   [`qembed::qembed`] the gather from such a table.
@@ -80,6 +81,21 @@ pub(crate) fn prepare_elementwise<P: bytemuck::Pod>(
     buffers: &[&wgpu::Buffer],
     params: impl Fn(u32, u32, u32) -> P,
 ) -> Result<PreparedOp> {
+    prepare_elementwise_with(ctx, kernel, n, (buffers, &[]), |n, stride_x, base, _| {
+        params(n, stride_x, base)
+    })
+}
+
+/// [`prepare_elementwise`] with, after the sliced buffers, buffers bound whole in every slice
+/// (`(sliced, whole)`; each whole one must fit one binding); `params` also gets the index of
+/// the slice's first element in the sliced buffers.
+pub(crate) fn prepare_elementwise_with<P: bytemuck::Pod>(
+    ctx: &Context,
+    kernel: Kernel,
+    n: usize,
+    (buffers, whole): (&[&wgpu::Buffer], &[&wgpu::Buffer]),
+    params: impl Fn(u32, u32, u32, u64) -> P,
+) -> Result<PreparedOp> {
     let key = PipelineKey::new(ShaderVariant::new(kernel, Precision::F32), &[]);
     let pipeline = ctx.pipeline(&key)?;
     let per = max_bound_elems(ctx);
@@ -91,9 +107,13 @@ pub(crate) fn prepare_elementwise<P: bytemuck::Pod>(
         let elems = per.min(n - first);
         let bound = bind(ctx, first, elems)?;
         let (grid, stride_x) = element_grid(ctx, elems);
-        let uniform = ctx.uniform(kernel.name(), &params(elems as u32, stride_x, bound.base))?;
+        let uniform = ctx.uniform(
+            kernel.name(),
+            &params(elems as u32, stride_x, bound.base, first),
+        )?;
         let mut resources = vec![uniform.as_entire_binding()];
         resources.extend(buffers.iter().map(|b| bound.resource(b)));
+        resources.extend(whole.iter().map(|b| b.as_entire_binding()));
         dispatches.push(ctx.prepare_dispatch(kernel.name(), &pipeline, &resources, grid)?);
         uniforms.push(uniform);
         first += elems;
