@@ -1,27 +1,18 @@
-//! A GGUF version 3 writer for the tests: metadata (the types the decoder reads), tensors as
-//! given (blocks as they are, f32 vectors and matrices), the Llama-family hyper-parameter keys
-//! of a [`DecoderConfig`], and a whole model's tensors.
+//! GGUF files for the tests, through the library's writer: metadata (the types the decoder
+//! reads), tensors as given (blocks as they are, f32 vectors and matrices), the Llama-family
+//! hyper-parameter keys of a [`DecoderConfig`], and a whole model's tensors.
 
-use kvattn::decoder::gguf::GgmlType;
+use kvattn::decoder::gguf::{Array, GgmlType, Value};
 use kvattn::decoder::model::{DecoderConfig, HostWeights};
 use kvattn::decoder::weights::LayerMatrix;
 
 /// One tensor: its type and file bytes.
 pub type Blocks = (GgmlType, Vec<u8>);
 
-/// A GGUF file being written: metadata and tensors in the order they were added.
+/// A GGUF file being written (the library's writer, `kvattn::decoder::gguf_writer`, with the
+/// shorthands the tests use): metadata and tensors in the order they were added.
 #[derive(Default)]
-pub struct GgufWriter {
-    kv: Vec<u8>,
-    n_kv: u64,
-    /// Name, dims (`ne0` first: `[in, out]` for a matrix) and data.
-    tensors: Vec<(String, Vec<u64>, Blocks)>,
-}
-
-fn string(b: &mut Vec<u8>, s: &str) {
-    b.extend((s.len() as u64).to_le_bytes());
-    b.extend(s.as_bytes());
-}
+pub struct GgufWriter(kvattn::decoder::gguf_writer::GgufWriter);
 
 /// f32 values as an F32 tensor's bytes.
 pub fn f32_blocks(v: &[f32]) -> Blocks {
@@ -32,43 +23,34 @@ pub fn f32_blocks(v: &[f32]) -> Blocks {
 }
 
 impl GgufWriter {
-    /// A key with its type tag and encoded value.
-    fn put(&mut self, key: &str, tag: u32, value: &[u8]) -> &mut Self {
-        string(&mut self.kv, key);
-        self.kv.extend(tag.to_le_bytes());
-        self.kv.extend(value);
-        self.n_kv += 1;
-        self
-    }
-
     /// A u32 key.
     pub fn u32(&mut self, key: &str, v: u32) -> &mut Self {
-        self.put(key, 4, &v.to_le_bytes())
+        self.0.metadata(key, Value::U32(v));
+        self
     }
 
     /// An f32 key.
     pub fn f32(&mut self, key: &str, v: f32) -> &mut Self {
-        self.put(key, 6, &v.to_le_bytes())
+        self.0.metadata(key, Value::F32(v));
+        self
     }
 
     /// A string key.
     pub fn str(&mut self, key: &str, v: &str) -> &mut Self {
-        let mut b = Vec::new();
-        string(&mut b, v);
-        self.put(key, 8, &b)
+        self.0.metadata(key, Value::String(v.into()));
+        self
     }
 
     /// An array-of-strings key.
     pub fn str_array(&mut self, key: &str, v: &[String]) -> &mut Self {
-        let mut b = 8u32.to_le_bytes().to_vec();
-        b.extend((v.len() as u64).to_le_bytes());
-        v.iter().for_each(|s| string(&mut b, s));
-        self.put(key, 9, &b)
+        self.0
+            .metadata(key, Value::Array(Array::String(v.to_vec())));
+        self
     }
 
-    /// A tensor of dims `dims` (`ne0` first).
-    pub fn tensor(&mut self, name: &str, dims: &[u64], data: Blocks) -> &mut Self {
-        self.tensors.push((name.into(), dims.to_vec(), data));
+    /// A tensor of dims `dims` (`ne0` first); panics when the writer refuses it (a test bug).
+    pub fn tensor(&mut self, name: &str, dims: &[u64], (ty, data): Blocks) -> &mut Self {
+        self.0.tensor(name, ty, dims, data).unwrap();
         self
     }
 
@@ -141,29 +123,7 @@ impl GgufWriter {
 
     /// The file's bytes (alignment 32).
     pub fn build(&self) -> Vec<u8> {
-        let align = |x: usize| x.div_ceil(32) * 32;
-        let mut info = Vec::new();
-        let mut offset = 0usize;
-        for (name, dims, (ty, bytes)) in &self.tensors {
-            string(&mut info, name);
-            info.extend((dims.len() as u32).to_le_bytes());
-            dims.iter().for_each(|x| info.extend(x.to_le_bytes()));
-            info.extend(ty.id().to_le_bytes());
-            info.extend((offset as u64).to_le_bytes());
-            offset = align(offset + bytes.len());
-        }
-        let mut out = b"GGUF".to_vec();
-        out.extend(3u32.to_le_bytes());
-        out.extend((self.tensors.len() as u64).to_le_bytes());
-        out.extend(self.n_kv.to_le_bytes());
-        out.extend(&self.kv);
-        out.extend(info);
-        out.resize(align(out.len()), 0);
-        for (_, _, (_, bytes)) in &self.tensors {
-            out.extend(bytes);
-            out.resize(align(out.len()), 0);
-        }
-        out
+        self.0.to_bytes().unwrap()
     }
 }
 
