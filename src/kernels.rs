@@ -129,6 +129,7 @@ pub fn kernel_constants(kernel: Kernel, precision: Precision) -> Vec<Constants> 
         Kernel::Embed => decoder::ops::embed::representative_constants(),
         #[cfg(feature = "decoder")]
         Kernel::QMatmul => decoder::ops::qmatmul::representative_constants(),
+        #[cfg(feature = "decoder")]
         Kernel::QMatmulRows | Kernel::QMatmulTiled => {
             decoder::ops::qmatmul::format_representative_constants()
         }
