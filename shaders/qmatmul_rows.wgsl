@@ -5,8 +5,9 @@
 // An invocation owns 4 rows of W ((wid.x * ROW_WG + lid) * 4 ...) and computes their LANES
 // partials one after another (partial l over chunks l, l + LANES, ...), then the tree in
 // registers: no workgroup memory and no barrier (a CPU adapter turns a barrier into a
-// coroutine switch). Rows of x are taken one at a time, each decoding the weights again: the
-// host picks this kernel for one-row products.
+// coroutine switch). Rows of x are taken ROWS_T at a time (1, 2 or 4), each chunk of W decoded
+// once per ROWS_T rows: the host picks this kernel for every product on a CPU adapter whose
+// operands it can read.
 //
 // x is read through a uniform binding of 64 KiB (X_VEC4 vec4s) from an offset aligned for
 // uniform bindings: on Mesa's llvmpipe and lavapipe a storage load whose address depends on a
@@ -30,29 +31,58 @@ fn ggml_word(i: u32) -> u32 {
 // Invocations per workgroup.
 override ROW_WG: u32 = 16u;
 
-// Row t of x's contribution: x values 8p .. 8p + 7 of its chunk (vec4 `xo` of row 0) against
-// the decoded weights.
+// Row t of x's contribution (rows past `rows` repeat the last one): x values 8p .. 8p + 7 of
+// its chunk (vec4 `xo` of row 0) against the decoded weights.
 fn x_row_dot(w: Rows4, xo: u32, t: u32, acc: vec4<f32>) -> vec4<f32> {
-    let at = xo + t * (params.k / 4u);
+    let at = xo + min(t, params.rows - 1u) * (params.k / 4u);
     return dot8x4(w, x[at], x[at + 1u], acc);
 }
+
+// Rows of x per decoded weight (1 to 4): each chunk of W an invocation decodes is applied to
+// ROWS_T rows of x. The accumulators are indexed by literals only (registers on lavapipe).
+override ROWS_T: u32 = 1u;
 
 @compute @workgroup_size(ROW_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let o0 = (wid.x * ROW_WG + lid) * 4u;
     let chunks = params.k / 32u;
-    for (var t = 0u; t < params.rows; t++) {
-        var tree: array<vec4<f32>, LANES>;
+    for (var t = 0u; t < params.rows; t += ROWS_T) {
+        var tree0: array<vec4<f32>, LANES>;
+        var tree1: array<vec4<f32>, LANES>;
+        var tree2: array<vec4<f32>, LANES>;
+        var tree3: array<vec4<f32>, LANES>;
         for (var l = 0u; l < LANES; l++) {
-            var acc = vec4<f32>(0.0);
+            var acc0 = vec4<f32>(0.0);
+            var acc1 = vec4<f32>(0.0);
+            var acc2 = vec4<f32>(0.0);
+            var acc3 = vec4<f32>(0.0);
             for (var c = l; c < chunks; c += LANES) {
                 let ch = chunks4(o0, chunks, c);
                 for (var p = 0u; p < 4u; p++) {
-                    acc = x_row_dot(rows4(ch, p), params.x_base / 4u + c * 8u + 2u * p, t, acc);
+                    let wv = rows4(ch, p);
+                    let xo = params.x_base / 4u + c * 8u + 2u * p;
+                    acc0 = x_row_dot(wv, xo, t, acc0);
+                    if ROWS_T > 1u {
+                        acc1 = x_row_dot(wv, xo, t + 1u, acc1);
+                    }
+                    if ROWS_T > 2u {
+                        acc2 = x_row_dot(wv, xo, t + 2u, acc2);
+                        acc3 = x_row_dot(wv, xo, t + 3u, acc3);
+                    }
                 }
             }
-            tree[l] = acc;
+            tree0[l] = acc0;
+            tree1[l] = acc1;
+            tree2[l] = acc2;
+            tree3[l] = acc3;
         }
-        store4(t, o0, lane_tree(&tree));
+        store4(t, o0, lane_tree(&tree0));
+        if ROWS_T > 1u {
+            store4(t + 1u, o0, lane_tree(&tree1));
+        }
+        if ROWS_T > 2u {
+            store4(t + 2u, o0, lane_tree(&tree2));
+            store4(t + 3u, o0, lane_tree(&tree3));
+        }
     }
 }

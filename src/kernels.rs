@@ -130,9 +130,9 @@ pub fn kernel_constants(kernel: Kernel, precision: Precision) -> Vec<Constants> 
         #[cfg(feature = "decoder")]
         Kernel::QMatmul => decoder::ops::qmatmul::representative_constants(),
         #[cfg(feature = "decoder")]
-        Kernel::QMatmulRows | Kernel::QMatmulTiled => {
-            decoder::ops::qmatmul::format_representative_constants()
-        }
+        Kernel::QMatmulRows => decoder::ops::qmatmul::row_representative_constants(),
+        #[cfg(feature = "decoder")]
+        Kernel::QMatmulTiled => decoder::ops::qmatmul::format_representative_constants(),
         #[cfg(feature = "decoder")]
         Kernel::QEmbed => decoder::ops::qembed::representative_constants(),
         #[cfg(not(feature = "decoder"))]

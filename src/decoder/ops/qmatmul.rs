@@ -18,9 +18,10 @@
 //!   decoded chunk applied to every row of `x`; the partials meet in workgroup memory. For
 //!   decode on GPUs and for any product the others do not take.
 //! - the row kernel ([`qmatmul_rows`](super::qmatmul_rows)): an invocation owns 4 rows of `W`
-//!   and computes their partials itself, `x` read through a uniform window. For one-row
-//!   products on CPU adapters, whose storage loads and barriers are costly; `x` must come from
-//!   [`input_buffer`] (the decoder's activations do).
+//!   and computes their partials itself, each decoded chunk applied to up to 4 rows of `x`,
+//!   `x` and `W` read through uniform windows. For CPU adapters, whose storage loads and
+//!   barriers are costly; `x` must come from [`input_buffer`] (the decoder's activations do)
+//!   and `W` be a weight of 64 KiB or more ([`QWeight::has_windows`]).
 //! - the tiled kernel ([`qmatmul_tiled`](super::qmatmul_tiled)): tiles of 16 rows of `x` by 16
 //!   rows of `W` staged in workgroup memory. For products of [`TILED_MIN_ROWS`] rows or more
 //!   (prefill chunks) on GPUs.
@@ -342,7 +343,23 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
         .collect()
 }
 
-/// Override constants of the row and tiled kernels for the naga tests: every type's format.
+/// The row kernel's constants: the format's and the rows of x per decoded weight (1, 2 or 4).
+fn row_constants(ty: GgmlType, rows: usize) -> Vec<(&'static str, f64)> {
+    let mut c = format_constants(ty);
+    c.push(("ROWS_T", rows.clamp(1, 4).next_power_of_two().min(4) as f64));
+    c
+}
+
+/// Override constants of the row kernel for the naga tests: every type, one and four rows of
+/// x per decoded weight.
+pub fn row_representative_constants() -> Vec<Vec<(&'static str, f64)>> {
+    crate::decoder::blocks::SUPPORTED
+        .iter()
+        .flat_map(|&ty| [row_constants(ty, 1), row_constants(ty, 4)])
+        .collect()
+}
+
+/// Override constants of the tiled kernel for the naga tests: every type's format.
 pub fn format_representative_constants() -> Vec<Vec<(&'static str, f64)>> {
     crate::decoder::blocks::SUPPORTED
         .iter()
@@ -359,9 +376,10 @@ pub enum QMatmulMapping {
     /// of `x`, the partials added through workgroup memory (GPUs; any number of rows).
     Lanes,
     /// `qmatmul_rows.wgsl`: an invocation owns whole rows of `W` and computes their 16
-    /// partials one after the other, one row of `x` at a time, `x` read through a uniform
-    /// window (one-row products on CPU adapters, where loads are costly and barriers
-    /// expensive). Needs an `x` made by [`input_buffer`].
+    /// partials one after the other, each decoded chunk applied to up to 4 rows of `x`, `x`
+    /// and `W` read through uniform windows (CPU adapters, where storage loads are costly and
+    /// barriers expensive). Needs an `x` made by [`input_buffer`] and a `W` with
+    /// [`QWeight::has_windows`].
     Rows,
     /// `qmatmul_tiled.wgsl`: tiles of 16 rows of `x` by 16 rows of `W` through workgroup
     /// memory (products of many rows on GPUs).
@@ -370,16 +388,14 @@ pub enum QMatmulMapping {
 
 impl QMatmulMapping {
     /// The kernel [`prepare_qmatmul`] picks for `args` on the context's adapter: on a CPU
-    /// adapter [`Rows`](Self::Rows) for one row whose `x` it can read (else
-    /// [`Lanes`](Self::Lanes), which decodes each weight once for up to 8 rows of x); on a GPU
-    /// [`Tiled`](Self::Tiled) from [`TILED_MIN_ROWS`] rows, else [`Lanes`](Self::Lanes).
+    /// adapter [`Rows`](Self::Rows) when it can read `x` and `W` (else
+    /// [`Lanes`](Self::Lanes)); on a GPU [`Tiled`](Self::Tiled) from [`TILED_MIN_ROWS`] rows,
+    /// else [`Lanes`](Self::Lanes).
     pub fn for_product(ctx: &Context, args: &QMatmulArgs<'_>) -> Self {
         let (_, k) = args.w.shape();
         if ctx.caps().cpu_adapter {
             let first = args.x_row.saturating_mul(k);
-            if args.rows == 1
-                && Window::of(ctx, args.x, first, k).is_some()
-                && weight_windows(ctx, args.w).is_some()
+            if Window::of(ctx, args.x, first, k).is_some() && weight_windows(ctx, args.w).is_some()
             {
                 return Self::Rows;
             }
@@ -554,7 +570,7 @@ pub fn prepare_qmatmul_mapped(
                     Window::max_rows(ctx, 1)
                 )));
             }
-            (most, ROW_WG * W_ROWS, most, format_constants(w.ty))
+            (most, ROW_WG * W_ROWS, most, row_constants(w.ty, rows))
         }
         QMatmulMapping::Tiled => (
             TILE_X_ROWS,
