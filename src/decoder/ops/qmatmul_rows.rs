@@ -1,10 +1,13 @@
-//! The row kernel of the block-format product (`shaders/qmatmul_rows.wgsl`), for one-row
-//! products on CPU adapters: an invocation owns 4 rows of `W` and computes their 16 partials
-//! itself, with the bits of the lane kernel ([`super::qmatmul`]). It reads `x` through a
-//! uniform binding of [`X_WINDOW_BYTES`] (on Mesa's CPU adapters a uniform load in a loop is a
-//! gather, a storage load a loop over the SIMD lanes): the `x` buffer needs `UNIFORM` usage
-//! and room for the window after the row, which [`input_buffer`] gives. The decoder makes its
-//! activations so; a product whose `x` has neither falls back to the lane kernel.
+//! The row kernel of the block-format product (`shaders/qmatmul_rows.wgsl`), for CPU
+//! adapters: an invocation owns 4 rows of `W` and computes their 16 partials itself, each
+//! decoded chunk applied to up to 4 rows of `x`, with the bits of the lane kernel
+//! ([`super::qmatmul`]). It reads `x` and `W` through uniform bindings of [`X_WINDOW_BYTES`]
+//! (on Mesa's CPU adapters a uniform load in a loop is a gather, a storage load a loop over the
+//! SIMD lanes): the `x` buffer needs `UNIFORM` usage and room for the window after the row,
+//! which [`input_buffer`] gives, and the weight a CPU adapter's upload of 64 KiB or more
+//! ([`QWeight::has_windows`](super::qmatmul::QWeight::has_windows)). The decoder makes its
+//! activations so; a product whose operands the kernel cannot read falls back to the lane
+//! kernel.
 
 use std::num::NonZeroU64;
 
