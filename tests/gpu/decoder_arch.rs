@@ -18,6 +18,7 @@ use kvattn::rope::RopeStyle;
 use kvattn::shader::Precision;
 
 use crate::common::{gpu, max_abs_err, output_scale, Rng};
+use crate::decoder_blocks::{assert_decode_prefill_and_batch_bits, tokens as random_tokens};
 use crate::gguf_writer::{f32_blocks, temp_dir, GgufWriter};
 
 /// The shape of the synthetic models: 6 query heads on 2 KV heads of 12 dims (72 wide) on a
@@ -119,13 +120,6 @@ fn file_of(mut g: GgufWriter, arch: &str, c: &DecoderConfig, w: &HostWeights) ->
     g.build()
 }
 
-fn tokens_of(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut r = Rng::new(seed);
-    (0..n)
-        .map(|_| (r.next_u64() % vocab as u64) as u32)
-        .collect()
-}
-
 /// A model of architecture `arch` written, mapped and loaded as `load_gguf` does: the
 /// decoder, its configuration and the weights the file holds (read back by `host_weights`).
 fn load(
@@ -190,7 +184,7 @@ fn llama_and_qwen2_files_match_the_cpu_forward_pass() {
         let mut cache =
             PagedKvCache::new(ctx, c.kv_config(KvDtype::F32), PoolSize::Blocks(16)).unwrap();
         cache.add_sequence(0, &[]).unwrap();
-        let ids = tokens_of(17, c.vocab, 5);
+        let ids = random_tokens(17, c.vocab, 5);
         let mut upto = 13;
         let mut got = model
             .forward(ctx, &mut cache, &[(0, &ids[..upto])])
@@ -249,7 +243,7 @@ fn load_gguf_takes_a_qwen2_file() {
     assert_eq!(*loaded.model.config(), c);
     let mut cache = PagedKvCache::new(ctx, c.kv_config(KvDtype::F32), PoolSize::Blocks(8)).unwrap();
     cache.add_sequence(0, &[]).unwrap();
-    let ids = tokens_of(11, c.vocab, 4);
+    let ids = random_tokens(11, c.vocab, 4);
     let got = loaded.model.forward(ctx, &mut cache, &[(0, &ids)]).unwrap();
     let want = llama_logits(&c, &w, &ids, None).unwrap();
     let err = max_abs_err(&got.logits, &want);
@@ -278,7 +272,7 @@ fn biases_and_frequency_factors_change_the_logits() {
         rope_freqs: None,
         ..w.clone()
     };
-    let ids = tokens_of(9, c.vocab, 3);
+    let ids = random_tokens(9, c.vocab, 3);
     let a = llama_logits(&c, &w, &ids, None).unwrap();
     for (what, other) in [("biases", &unbiased), ("factors", &unscaled)] {
         let b = llama_logits(&c, other, &ids, None).unwrap();
@@ -291,7 +285,6 @@ fn biases_and_frequency_factors_change_the_logits() {
 /// same logits and K/V), and a sequence alone against batched with another.
 #[test]
 fn qwen2_keeps_decode_prefill_and_batch_bits() {
-    let ctx = gpu();
     let c = shape(RopeStyle::NeoX);
     let w = weights(
         &c,
@@ -303,48 +296,7 @@ fn qwen2_keeps_decode_prefill_and_batch_bits() {
         },
     );
     let (model, ..) = load("qwen2", &c, &w, "arch-bits");
-    let ids = tokens_of(19, c.vocab, 6);
-    let other = tokens_of(7, c.vocab, 7);
-    let new_cache = || {
-        let mut kv = c.kv_config(KvDtype::F16);
-        kv.block_size = 8;
-        let mut cache = PagedKvCache::new(ctx, kv, PoolSize::Blocks(16)).unwrap();
-        for s in 0..3 {
-            cache.add_sequence(s, &[]).unwrap();
-        }
-        cache
-    };
-    let mut cache = new_cache();
-    model.forward(ctx, &mut cache, &[(0, &ids[..8])]).unwrap();
-    let mut last = None;
-    for i in 8..ids.len() {
-        last = Some(
-            model
-                .forward(ctx, &mut cache, &[(0, &ids[i..i + 1])])
-                .unwrap(),
-        );
-    }
-    let whole = model.forward(ctx, &mut cache, &[(1, &ids)]).unwrap();
-    assert_eq!(
-        last.unwrap().logits,
-        whole.logits,
-        "decode steps vs prefill logits"
-    );
-    for layer in 0..c.layers {
-        let (a, b) = (
-            cache.read_rows(ctx, 0, layer).unwrap(),
-            cache.read_rows(ctx, 1, layer).unwrap(),
-        );
-        assert_eq!(a, b, "layer {layer} K/V");
-    }
-    let batched = model
-        .forward(ctx, &mut cache, &[(2, &other), (1, &ids[..1])])
-        .unwrap();
-    let mut alone_cache = new_cache();
-    let alone = model
-        .forward(ctx, &mut alone_cache, &[(2, &other)])
-        .unwrap();
-    assert_eq!(alone.logits, batched.logits[..c.vocab], "alone vs batched");
+    assert_decode_prefill_and_batch_bits(&model, &c, &random_tokens(19, c.vocab, 6), 8);
 }
 
 /// A source handing out a bias where the decoder has none (after the output product) or of

@@ -127,7 +127,8 @@ impl WeightSource for BlockModel {
     }
 }
 
-fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+/// `n` random token ids below `vocab`.
+pub(crate) fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut r = Rng::new(seed);
     (0..n)
         .map(|_| (r.next_u64() % vocab as u64) as u32)
@@ -188,7 +189,20 @@ fn block_weights_keep_decode_prefill_and_batch_bits() {
     let c = config();
     let m = block_model(&c, 43);
     let model = Decoder::upload_from(ctx, c, &m, Precision::F32, |_, _| {}).unwrap();
-    let ids = tokens(21, c.vocab, 6);
+    // Decode steps (one-row products) against a recomputing prefill (products of 21 rows).
+    assert_decode_prefill_and_batch_bits(&model, &c, &tokens(21, c.vocab, 6), 9);
+}
+
+/// Decode steps from token `prefix` on against one recomputing prefill of `ids`: the same last
+/// logits and the same K/V bits in every layer; then another sequence's prefill alone and
+/// batched with a decode step: the same logits.
+pub(crate) fn assert_decode_prefill_and_batch_bits(
+    model: &Decoder,
+    c: &DecoderConfig,
+    ids: &[u32],
+    prefix: usize,
+) {
+    let ctx = gpu();
     let other = tokens(7, c.vocab, 7);
     let new_cache = || {
         let mut kv = c.kv_config(KvDtype::F16);
@@ -199,18 +213,19 @@ fn block_weights_keep_decode_prefill_and_batch_bits() {
         }
         cache
     };
-    // Decode steps (one-row products) against a recomputing prefill (products of 21 rows).
     let mut cache = new_cache();
-    model.forward(ctx, &mut cache, &[(0, &ids[..9])]).unwrap();
+    model
+        .forward(ctx, &mut cache, &[(0, &ids[..prefix])])
+        .unwrap();
     let mut last = None;
-    for i in 9..ids.len() {
+    for i in prefix..ids.len() {
         last = Some(
             model
                 .forward(ctx, &mut cache, &[(0, &ids[i..i + 1])])
                 .unwrap(),
         );
     }
-    let whole = model.forward(ctx, &mut cache, &[(1, &ids)]).unwrap();
+    let whole = model.forward(ctx, &mut cache, &[(1, ids)]).unwrap();
     assert_eq!(
         last.unwrap().logits,
         whole.logits,
@@ -223,7 +238,7 @@ fn block_weights_keep_decode_prefill_and_batch_bits() {
         );
         assert_eq!(a, b, "layer {layer} K/V");
     }
-    // The same prefill batched with another sequence's.
+    // Another sequence's prefill batched with a step of sequence 1.
     let batched = model
         .forward(ctx, &mut cache, &[(2, &other), (1, &ids[..1])])
         .unwrap();
