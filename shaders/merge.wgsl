@@ -76,7 +76,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             o *= folded.z;
         }
         let dst = (q_base + r / GROUP) * params.num_q_heads + h;
-        let nan = bitcast<f32>(NAN_BITS);
+        let nan = nan_f32();
         out[dst * dv4 + c] = select(o * select(0.0, 1.0 / l, l > 0.0), vec4<f32>(nan), bad);
         if c == 0u {
             lse[dst] = select(softmax_lse(m, l), nan, bad);

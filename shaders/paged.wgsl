@@ -458,7 +458,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
     // key of this item; NaN for both when a visible key poisoned it).
     let out_base = (item * params.num_kv_heads + kv_head) * TILE;
     let v_tensor = value_tensor_scale();
-    let nan = bitcast<f32>(NAN_BITS);
+    let nan = nan_f32();
     for (var i = tid; i < it.n_rows * dv4; i += WG) {
         let t = i / dv4;
         let c = i % dv4;

@@ -1,6 +1,7 @@
 //! Shader validation with no GPU: every variant the crate composes parses, validates with
 //! exactly the capabilities it requests, has its overrides processed for the constants the host
-//! really uses, fits WebGPU's default limits, and translates to SPIR-V, MSL, HLSL and GLSL.
+//! really uses, holds no NaN or infinite constant (WebGPU refuses those), fits WebGPU's default
+//! limits, and translates to SPIR-V, MSL, HLSL and GLSL.
 //! The `#[repr(C)]` mirrors of WGSL structs are checked against naga's layout.
 
 use kvattn::attention::paged::OTHER_STORAGE_BUFFERS;
@@ -66,6 +67,61 @@ fn resources(module: &Module, info: &ModuleInfo) -> (u32, usize, u32) {
     (workgroup_bytes, storage, invocations)
 }
 
+/// The constant expressions of `module` that are NaN or infinite: float literals (naga folds
+/// most const-expressions into literals) and bit casts of integer constants to f32 (which naga
+/// leaves unfolded). WGSL says a const- or override-expression that evaluates to NaN or an
+/// infinity is a shader-creation (or pipeline-creation) error, and Chrome's Tint enforces it
+/// where naga does not: `bitcast<f32>(0x7fc00000u)` runs on Vulkan and fails in the browser.
+fn non_finite_constants(module: &Module) -> Vec<String> {
+    use naga::{Expression as E, Literal as L, ScalarKind};
+    // The value of an integer constant expression, through named constants.
+    let int_constant = |exprs: &naga::Arena<E>, e: naga::Handle<E>| -> Option<u32> {
+        let literal = |e: &E| match e {
+            E::Literal(L::U32(x)) => Some(*x),
+            E::Literal(L::I32(x)) => Some(*x as u32),
+            E::Literal(L::AbstractInt(x)) => Some(*x as u32),
+            _ => None,
+        };
+        match &exprs[e] {
+            E::Constant(c) => literal(&module.global_expressions[module.constants[*c].init]),
+            other => literal(other),
+        }
+    };
+    let bad = |exprs: &naga::Arena<E>, e: &E| -> Option<f64> {
+        let x = match e {
+            E::Literal(L::F32(x)) => f64::from(*x),
+            E::Literal(L::F16(x)) => f64::from(x.to_f32()),
+            E::Literal(L::F64(x)) | E::Literal(L::AbstractFloat(x)) => *x,
+            E::As {
+                expr,
+                kind: ScalarKind::Float,
+                convert: None,
+            } => f64::from(f32::from_bits(int_constant(exprs, *expr)?)),
+            _ => return None,
+        };
+        (!x.is_finite()).then_some(x)
+    };
+    let mut found: Vec<String> = module
+        .global_expressions
+        .iter()
+        .filter_map(|(_, e)| bad(&module.global_expressions, e).map(|x| format!("module: {x}")))
+        .collect();
+    let functions = module
+        .functions
+        .iter()
+        .map(|(_, f)| f)
+        .chain(module.entry_points.iter().map(|ep| &ep.function));
+    for f in functions {
+        let name = f.name.as_deref().unwrap_or("main");
+        found.extend(
+            f.expressions
+                .iter()
+                .filter_map(|(_, e)| bad(&f.expressions, e).map(|x| format!("fn {name}: {x}"))),
+        );
+    }
+    found
+}
+
 fn translate(variant: &ShaderVariant, module: &Module, info: &ModuleInfo) {
     let name = variant.name();
     naga::back::spv::write_vec(module, info, &naga::back::spv::Options::default(), None)
@@ -122,6 +178,12 @@ fn every_variant_validates_specializes_fits_and_translates() {
     for variant in &variants {
         let (module, info) =
             parse_and_validate(variant, capabilities(variant)).unwrap_or_else(|e| panic!("{e}"));
+        let non_finite = non_finite_constants(&module);
+        assert!(
+            non_finite.is_empty(),
+            "{}: constants that are NaN or infinite (a shader-creation error in WebGPU): {non_finite:?}",
+            variant.name()
+        );
         let sets = representative_constants(variant);
         assert!(
             !sets.is_empty(),
@@ -140,6 +202,11 @@ fn every_variant_validates_specializes_fits_and_translates() {
             .unwrap_or_else(|e| panic!("{} {constants:?}: overrides: {e}", variant.name()));
             let (wg_bytes, storage, invocations) = resources(&module, &info);
             let what = format!("{} {constants:?}", variant.name());
+            let non_finite = non_finite_constants(&module);
+            assert!(
+                non_finite.is_empty(),
+                "{what}: constants that are NaN or infinite after specialization: {non_finite:?}"
+            );
             assert!(
                 wg_bytes <= limits.max_compute_workgroup_storage_size,
                 "{what}: {wg_bytes} bytes of workgroup memory"

@@ -29,7 +29,7 @@ fn lanes_sum_rows(d: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
         out[t + 3u] = x.w;
     }
     if !lanes_packed {
-        let nan = bitcast<f32>(NAN_BITS);
+        let nan = nan_f32();
         for (var t = 0u; t < MAX_TILE; t++) {
             out[t] = nan;
         }

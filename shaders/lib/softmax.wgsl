@@ -16,6 +16,19 @@ const MASKED_BELOW: f32 = -1.0e38;
 const NAN_BITS: u32 = 0x7fc00000u;
 const NEG_INF_BITS: u32 = 0xff800000u;
 
+// NaN and -inf as values. A WGSL const-expression cannot hold either (`bitcast<f32>(NAN_BITS)`
+// is a shader-creation error in Chrome's Tint, as the WGSL spec asks), so the bits go through a
+// function-scope var: a runtime value, which may be anything.
+fn nan_f32() -> f32 {
+    var bits = NAN_BITS;
+    return bitcast<f32>(bits);
+}
+
+fn neg_inf_f32() -> f32 {
+    var bits = NEG_INF_BITS;
+    return bitcast<f32>(bits);
+}
+
 // x is NaN.
 fn bits_nan(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -95,7 +108,7 @@ fn score_of(dot_qk: f32, scale: f32, softcap: f32, alibi: f32) -> Score {
 
 // Log-sum-exp of a row from its running max and sum; -inf when nothing was visible.
 fn softmax_lse(m: f32, l: f32) -> f32 {
-    return select(bitcast<f32>(NEG_INF_BITS), m + log(l), l > 0.0);
+    return select(neg_inf_f32(), m + log(l), l > 0.0);
 }
 
 // A partial or merged state's lse as a merge weighs it: MASKED for -inf (no key) and for NaN

@@ -238,7 +238,7 @@ impl LanesShape {
                         "        let inv = select(0.0, 1.0 / l_{t}, l_{t} > 0.0) * v_tensor_scale;"
                     );
                     let _ = writeln!(w, "        let ob = (out_base + {t}u) * dv4;");
-                    let _ = writeln!(w, "        let nan = bitcast<f32>(NAN_BITS);");
+                    let _ = writeln!(w, "        let nan = nan_f32();");
                     for c in 0..out_cols {
                         let _ = writeln!(
                             w,
