@@ -15,12 +15,15 @@
 // src4 is src again as 16-byte units where SRC_VEC4 (every (token, head) row of the source is whole
 //   16-byte units): each lane then reads its chunk's source values 16 bytes at a time, adjacent
 //   lanes adjacent units. Otherwise it is unused (the host binds some other buffer there).
-// pool4 and pool_words are the same buffer: pool4 takes every value store, 16 bytes wide (a
-//   row's stride is whole vec4<u32> units and starts on one: the pool layout's padding, whose
-//   words past a row's wpr are written as 0); pool_words takes the scale words, which several
-//   rows share a vec4 of. The two views never touch the same word. (A component store through
-//   pool4 could be carried out as a read-modify-write of the whole vector, racing with another
-//   workgroup's row whose scale word shares it.)
+// pool4 and pool_words are two views of the pool buffer, and a dispatch binds the pool to one of
+//   them only (the host binds the pool's spare buffer to the other): WebGPU refuses a buffer
+//   bound twice where either binding is writable. Formats without scale words (f32, f16, bf16,
+//   per-tensor FP8) store values through pool4, 16 bytes wide (a row's stride is whole
+//   vec4<u32> units and starts on one: the pool layout's padding, whose words past a row's wpr
+//   are written as 0). Formats with scale words (per-row FP8, int8, int4; VALUE_WORDS) store
+//   values and scales through pool_words, a chunk as four word stores: several rows share a vec4
+//   of scale words, and a component store through pool4 may be carried out as a
+//   read-modify-write of the whole vector (WGSL allows it), racing with another workgroup's row.
 //
 // Mapping: a workgroup of WG invocations serves ROWS = WG / LANES row entries (consecutive in
 // the list) of one KV head; LANES consecutive invocations serve one row, lane l writing its
@@ -66,6 +69,8 @@ override PER_TENSOR: bool = false;
 // The source's rows are whole 16-byte units (DIM times the source's value bytes a multiple of 16):
 // read it through src4.
 override SRC_VEC4: bool = false;
+// Values go through pool_words as words (the format has scale words; see pool4 above).
+override VALUE_WORDS: bool = false;
 
 @group(0) @binding(0) var<uniform> params: AppendParams;
 @group(0) @binding(1) var<storage, read> src: array<u32>;
@@ -74,6 +79,19 @@ override SRC_VEC4: bool = false;
 @group(0) @binding(4) var<uniform> tensor: TensorScale;
 @group(0) @binding(5) var<storage, read_write> pool_words: array<u32>;
 @group(0) @binding(6) var<storage, read> src4: array<vec4<u32>>;
+
+// Stores value chunk i (16-byte unit i of the pool buffer) through the view the dispatch binds.
+fn store_chunk(i: u32, v: vec4<u32>) {
+    if VALUE_WORDS {
+        let w = 4u * i;
+        pool_words[w] = v.x;
+        pool_words[w + 1u] = v.y;
+        pool_words[w + 2u] = v.z;
+        pool_words[w + 3u] = v.w;
+    } else {
+        pool4[i] = v;
+    }
+}
 
 // Per invocation, its share of its row's amax, reduced in place.
 var<workgroup> wg_amax: array<u32, WG>;
@@ -271,7 +289,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                         v[j] = encode_word8(e0, 4u * c + j, inv);
                     }
                 }
-                pool4[dst4 + c] = v;
+                store_chunk(dst4 + c, v);
             }
         }
         case KV_INT4: {
@@ -317,14 +335,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     }
                     v[w] = word;
                 }
-                pool4[dst4 + g] = v;
+                store_chunk(dst4 + g, v);
             }
         }
         default: {
             for (var c = lane; c < chunks; c += LANES) {
                 let words = encode_chunk(e0, c);
                 let keep = vec4<u32>(4u * c) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(wpr);
-                pool4[dst4 + c] = select(vec4<u32>(0u), words, keep);
+                store_chunk(dst4 + c, select(vec4<u32>(0u), words, keep));
             }
         }
     }

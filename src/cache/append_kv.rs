@@ -112,16 +112,29 @@ pub(crate) fn bindings<'a>(
     } else {
         list.as_entire_binding()
     };
+    // The pool goes to one of its two views only (WebGPU refuses a buffer bound twice where
+    // either binding is writable); the pool's spare buffer takes the other.
+    let layout = pool.layout();
+    let (pool4, pool_words) = if value_words(layout.dtype, layout.per_tensor_scale()) {
+        (pool.spare(), &pool.buffers()[buffer])
+    } else {
+        (&pool.buffers()[buffer], pool.spare())
+    };
     [
         params,
         wgpu::BindingResource::Buffer(src),
         list.as_entire_binding(),
-        pool.buffers()[buffer].as_entire_binding(),
+        pool4.as_entire_binding(),
         pool.scale_uniform().as_entire_binding(),
-        // The same buffer again: the kernel's u32 view for scale words.
-        pool.buffers()[buffer].as_entire_binding(),
+        pool_words.as_entire_binding(),
         src4,
     ]
+}
+
+/// Whether the kernel stores values through its word view of the pool, rather than 16 bytes at
+/// a time: formats with scale words (per-row FP8, int8, int4; per-tensor FP8 has none).
+fn value_words(dtype: KvDtype, per_tensor: bool) -> bool {
+    dtype.is_quantized() && !per_tensor
 }
 
 fn constants(pool: &BlockPool, src: SourceDtype) -> Vec<(&'static str, f64)> {
@@ -148,6 +161,10 @@ fn kernel_constants(
         ("SRC_F16", f64::from(u8::from(src == SourceDtype::F16))),
         ("PER_TENSOR", f64::from(u8::from(per_tensor))),
         ("SRC_VEC4", f64::from(u8::from(source_vec4(head_dim, src)))),
+        (
+            "VALUE_WORDS",
+            f64::from(u8::from(value_words(dtype, per_tensor))),
+        ),
     ]
 }
 

@@ -134,6 +134,10 @@ pub struct BlockPool {
     blocks_per_buffer: usize,
     buffers: Vec<wgpu::Buffer>,
     scale_uniform: wgpu::Buffer,
+    /// 16 bytes of storage nothing reads: bound where a kernel declares a view of the pool it
+    /// does not use for this layout (WebGPU refuses one buffer in two bindings where either is
+    /// writable).
+    spare: wgpu::Buffer,
 }
 
 impl BlockPool {
@@ -190,6 +194,12 @@ impl BlockPool {
             )));
         }
         let scale_uniform = ctx.uniform("tensor scale", &layout.tensor_scale()?)?;
+        let spare = ctx.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kvattn pool spare"),
+            size: 16,
+            usage: STORAGE,
+            mapped_at_creation: false,
+        })?;
         let mut buffers = Vec::new();
         let mut left = num_blocks;
         while left > 0 {
@@ -210,12 +220,19 @@ impl BlockPool {
             blocks_per_buffer,
             buffers,
             scale_uniform,
+            spare,
         })
     }
 
     /// The uniform holding this pool's per-tensor scale and its reciprocal ([`TensorScale`]).
     pub fn scale_uniform(&self) -> &wgpu::Buffer {
         &self.scale_uniform
+    }
+
+    /// 16 bytes of storage nothing reads, for a kernel's unused view of the pool (see the
+    /// field's docs).
+    pub(crate) fn spare(&self) -> &wgpu::Buffer {
+        &self.spare
     }
 
     /// The layout.
@@ -264,6 +281,11 @@ impl BlockPool {
     /// [`Error::TooLarge`] when the blocks exceed the adapter's buffer size; creation,
     /// submission and mapping errors.
     pub fn read_blocks(&self, ctx: &Context, blocks: &[BlockId]) -> Result<Vec<u32>> {
+        pollster::block_on(self.read_blocks_async(ctx, blocks))
+    }
+
+    /// [`read_blocks`](Self::read_blocks) without blocking: the form to await in the browser.
+    pub async fn read_blocks_async(&self, ctx: &Context, blocks: &[BlockId]) -> Result<Vec<u32>> {
         let bytes = self.layout.block_bytes();
         let total = bytes * blocks.len() as u64;
         if total == 0 {
@@ -300,7 +322,7 @@ impl BlockPool {
         }
         readback.encode_copy(&mut encoder, &gathered, 0, total)?;
         let index = ctx.submit("read blocks", encoder)?;
-        readback.read(ctx, index, (total / 4) as usize)
+        readback.read_async(ctx, index, (total / 4) as usize).await
     }
 
     /// Writes `words` (`blocks.len() * block_words`, in the given order) into `blocks`.
