@@ -88,6 +88,9 @@
 //!   [quality.md](https://github.com/kvattn/kvattn/blob/main/docs/quality.md): measurements.
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// wgpu's web objects are neither `Send` nor `Sync`; the crate's `Arc`s share them between
+// threads on native targets, and the web has one thread.
+#![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 pub mod attention;
 #[cfg(feature = "bench")]
 pub mod bench;

@@ -340,6 +340,17 @@ pub fn decode_batch(
     options: &AttentionOptions,
     config: &DecodeConfig,
 ) -> Result<AttentionOutput> {
+    pollster::block_on(decode_batch_async(ctx, batch, shape, options, config))
+}
+
+/// [`decode_batch`](decode_batch) without blocking: the form to await in the browser.
+pub async fn decode_batch_async(
+    ctx: &Context,
+    batch: &RaggedBatch<'_>,
+    shape: &AttentionShape,
+    options: &AttentionOptions,
+    config: &DecodeConfig,
+) -> Result<AttentionOutput> {
     batch.validate(shape, options)?;
     if let Some(seq) = (0..batch.num_seqs()).find(|&s| batch.seq_lens(s).0 != 1) {
         return Err(Error::InvalidArgument(format!(
@@ -394,7 +405,7 @@ pub fn decode_batch(
         },
     )?;
     Ok(AttentionOutput {
-        out: ctx.read_back(&out, out_len)?,
-        lse: ctx.read_back(&lse, lse_len)?,
+        out: ctx.read_back_async(&out, out_len).await?,
+        lse: ctx.read_back_async(&lse, lse_len).await?,
     })
 }

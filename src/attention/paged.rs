@@ -731,6 +731,16 @@ pub fn paged_attention_host(
     args: &PagedAttentionArgs,
     q: &[f32],
 ) -> Result<AttentionOutput> {
+    pollster::block_on(paged_attention_host_async(ctx, cache, args, q))
+}
+
+/// [`paged_attention_host`](paged_attention_host) without blocking: the form to await in the browser.
+pub async fn paged_attention_host_async(
+    ctx: &Context,
+    cache: &PagedKvCache,
+    args: &PagedAttentionArgs<'_>,
+    q: &[f32],
+) -> Result<AttentionOutput> {
     let plan = PagedAttentionPlan::new(ctx, cache, args)?;
     let s = &args.shape;
     let rows = plan.total_q() * s.num_q_heads;
@@ -746,8 +756,8 @@ pub fn paged_attention_host(
     let lse = ctx.filled("lse", rows, crate::gpu::UNWRITTEN)?;
     plan.run(ctx, cache, args.layer, &qb, &out, &lse)?;
     Ok(AttentionOutput {
-        out: ctx.read_back(&out, rows * s.head_dim_v)?,
-        lse: ctx.read_back(&lse, rows)?,
+        out: ctx.read_back_async(&out, rows * s.head_dim_v).await?,
+        lse: ctx.read_back_async(&lse, rows).await?,
     })
 }
 

@@ -196,6 +196,8 @@ pub struct AppendPlan {
     binds: Mutex<Vec<Option<LayerBinds>>>,
 }
 
+// wgpu's web objects are neither, and the web has one thread.
+#[cfg(not(target_arch = "wasm32"))]
 const _: () = {
     const fn send_sync<T: Send + Sync>() {}
     send_sync::<AppendPlan>();

@@ -488,22 +488,33 @@ impl PagedKvCache {
         seq: SeqId,
         layer: usize,
     ) -> Result<(EncodedRows, EncodedRows)> {
+        pollster::block_on(self.read_rows_async(ctx, seq, layer))
+    }
+
+    /// [`read_rows`](Self::read_rows) without blocking: the form to await in the browser.
+    pub async fn read_rows_async(
+        &self,
+        ctx: &Context,
+        seq: SeqId,
+        layer: usize,
+    ) -> Result<(EncodedRows, EncodedRows)> {
         let blocks = self.alloc.blocks(seq)?.to_vec();
         let len = self.alloc.len(seq)?;
         let pools = self.layer(layer)?;
-        let gather = |pool: &BlockPool| -> Result<EncodedRows> {
-            let words = pool.read_blocks(ctx, &blocks)?;
+        let rows = |pool: &BlockPool, words: Vec<u32>| {
             let (words, scales) = blocks_to_rows(pool.layout(), &words, len);
             let l = pool.layout();
-            Ok(EncodedRows {
+            EncodedRows {
                 dtype: l.dtype,
                 head_dim: l.head_dim,
                 scale_mode: l.scale,
                 words,
                 scales,
-            })
+            }
         };
-        Ok((gather(&pools.k)?, gather(&pools.v)?))
+        let k = pools.k.read_blocks_async(ctx, &blocks).await?;
+        let v = pools.v.read_blocks_async(ctx, &blocks).await?;
+        Ok((rows(&pools.k, k), rows(&pools.v, v)))
     }
 
     /// The stored value words of `seq`'s rows in `layer`, in token order (see

@@ -1,7 +1,7 @@
 //! Text generation with a loaded model: the prompt (raw, or in the model's chat template),
 //! a prefill, then one token per step until EOS or the token budget, streamed as text.
 
-use std::time::Instant;
+use web_time::Instant;
 
 use super::load::LoadedModel;
 use super::sampling::{Sampler, Sampling};

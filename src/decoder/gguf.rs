@@ -28,7 +28,6 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
-use std::path::Path;
 use std::sync::Arc;
 
 pub use super::blocks::{dequantize, dequantize_into};
@@ -664,6 +663,7 @@ impl fmt::Debug for GgufFile {
 #[derive(Clone)]
 enum FileBytes {
     Owned(Arc<Vec<u8>>),
+    #[cfg(not(target_arch = "wasm32"))]
     Mapped(Arc<memmap2::Mmap>),
 }
 
@@ -673,6 +673,7 @@ impl std::ops::Deref for FileBytes {
     fn deref(&self) -> &[u8] {
         match self {
             Self::Owned(v) => v,
+            #[cfg(not(target_arch = "wasm32"))]
             Self::Mapped(m) => m,
         }
     }
@@ -832,7 +833,10 @@ impl GgufFile {
     /// # Errors
     /// [`Error::Io`] (naming `path`, with the I/O error as its source) when the file cannot be
     /// opened or mapped; [`Error::Gguf`] (naming `path`) when it is not a valid GGUF file.
-    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+    ///
+    /// Not on the web (no files there): use [`GgufFile::parse`] on the fetched bytes.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<Self> {
         let path = path.as_ref();
         let io = |source| Error::Io {
             what: format!("GGUF: cannot read {}", path.display()),

@@ -17,7 +17,6 @@
 //! ```
 
 use std::io::Write;
-use std::path::Path;
 
 use super::gguf::{Array, GgmlType, Value, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS};
 use crate::{Error, Result};
@@ -123,12 +122,14 @@ impl GgufWriter {
         Ok(out)
     }
 
-    /// Writes the file to `path`.
+    /// Writes the file to `path` (not on the web, which has no files: use
+    /// [`GgufWriter::to_bytes`]).
     ///
     /// # Errors
     /// Those of [`GgufWriter::to_bytes`]; [`Error::Gguf`] naming the path when it cannot be
     /// written.
-    pub fn write_file(&self, path: impl AsRef<Path>) -> Result<()> {
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn write_file(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
         let path = path.as_ref();
         let io = |e: std::io::Error| Error::Gguf(format!("{}: {e}", path.display()));
         let file = std::fs::File::create(path).map_err(io)?;

@@ -4,7 +4,6 @@
 //! reference).
 
 use std::borrow::Cow;
-use std::path::Path;
 
 use super::blocks::SUPPORTED;
 use super::gguf::{GgufFile, LlamaHyper};
@@ -207,16 +206,27 @@ impl WeightSource for GgufSource<'_> {
 
 /// Maps the GGUF file at `path` and uploads its weights tensor by tensor, matrices in their
 /// block format ([`GgufSource`]); `progress(done, total)` counts tensors. `precision` is the
-/// attention kernel's.
+/// attention kernel's. Not on the web (no files there): parse the bytes with
+/// [`GgufFile::parse`] and call [`load_gguf_file`].
+#[cfg(not(target_arch = "wasm32"))]
 pub fn load_gguf(
     ctx: &Context,
-    path: impl AsRef<Path>,
+    path: impl AsRef<std::path::Path>,
     precision: Precision,
     progress: impl FnMut(usize, usize),
 ) -> Result<LoadedModel> {
-    let file = GgufFile::open(path)?;
-    let hyper = LlamaHyper::from_gguf(&file)?;
-    let tokenizer = Tokenizer::from_gguf(&file)?;
+    load_gguf_file(ctx, &GgufFile::open(path)?, precision, progress)
+}
+
+/// [`load_gguf`] from a file already opened or parsed.
+pub fn load_gguf_file(
+    ctx: &Context,
+    file: &GgufFile,
+    precision: Precision,
+    progress: impl FnMut(usize, usize),
+) -> Result<LoadedModel> {
+    let hyper = LlamaHyper::from_gguf(file)?;
+    let tokenizer = Tokenizer::from_gguf(file)?;
     if tokenizer.vocab_size() != hyper.vocab_size {
         return Err(Error::InvalidArgument(format!(
             "the tokenizer has {} tokens but the model a vocabulary of {}",
@@ -225,7 +235,7 @@ pub fn load_gguf(
         )));
     }
     let config = decoder_config(&hyper)?;
-    let source = GgufSource::new(&file, &hyper)?;
+    let source = GgufSource::new(file, &hyper)?;
     let model = Decoder::upload_from(ctx, config, &source, precision, progress)?;
     Ok(LoadedModel {
         model,

@@ -664,10 +664,22 @@ impl Decoder {
         batch: &[(SeqId, &[u32])],
         which: Logits,
     ) -> Result<StepOutput> {
+        pollster::block_on(self.forward_with_async(ctx, cache, batch, which))
+    }
+
+    /// [`forward_with`](Self::forward_with) without blocking: the step's readback is awaited,
+    /// so it runs on the browser's main thread.
+    pub async fn forward_with_async(
+        &self,
+        ctx: &Context,
+        cache: &mut PagedKvCache,
+        batch: &[(SeqId, &[u32])],
+        which: Logits,
+    ) -> Result<StepOutput> {
         let mut encoder = ctx.encoder("decoder step");
         let pending = self.encode_step(ctx, cache, batch, which, &mut encoder)?;
         let index = ctx.submit("decoder step", encoder)?;
-        pending.read(ctx, index)
+        pending.read_async(ctx, index).await
     }
 
     /// Records one step (see [`forward_with`](Self::forward_with)) into `encoder`, for the

@@ -8,7 +8,7 @@
 //! 64-token windows, and the cache bytes after a 1,024-token prefill for MHA, GQA (2 KV heads)
 //! and MQA next to `2 x layers x kv_heads x head_dim x tokens x 4`.
 
-use std::time::Instant;
+use web_time::Instant;
 
 use super::generate::{profiled, StepProfile};
 use super::model::{Decoder, DecoderConfig, HostLayer, HostWeights};

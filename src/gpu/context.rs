@@ -3,7 +3,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::counters::AtomicCounters;
-use super::record::{gpu_error, Pending};
+#[cfg(not(target_arch = "wasm32"))]
+use super::record::gpu_error;
+use super::record::Pending;
 use crate::pipeline::PipelineCache;
 use crate::{Error, Result};
 
@@ -231,8 +233,27 @@ struct DeviceHealth {
 /// The first uncaptured error since it was last reported (as the crate's error), and how many
 /// followed it.
 struct Uncaptured {
-    error: Error,
+    error: UncapturedError,
     more: usize,
+}
+
+/// An uncaptured error as kept for the next sync point. On the web wgpu's errors are not `Send`
+/// while its error handler must be, so the error is kept as its message there.
+#[cfg(not(target_arch = "wasm32"))]
+type UncapturedError = Error;
+/// An uncaptured error as kept for the next sync point. On the web wgpu's errors are not `Send`
+/// while its error handler must be, so the error is kept as its message there.
+#[cfg(target_arch = "wasm32")]
+type UncapturedError = String;
+
+#[cfg(not(target_arch = "wasm32"))]
+fn uncaptured_error(error: wgpu::Error) -> UncapturedError {
+    gpu_error("outside any error scope", error)
+}
+
+#[cfg(target_arch = "wasm32")]
+fn uncaptured_error(error: wgpu::Error) -> UncapturedError {
+    format!("outside any error scope: {error}")
 }
 
 impl DeviceHealth {
@@ -257,7 +278,7 @@ impl DeviceHealth {
             Some(first) => first.more += 1,
             None => {
                 *pending = Some(Uncaptured {
-                    error: gpu_error("outside any error scope", error),
+                    error: uncaptured_error(error),
                     more: 0,
                 })
             }
@@ -424,6 +445,8 @@ impl Context {
         ctx.device.set_device_lost_callback(move |reason, message| {
             recorder.lose(format!("{reason:?}: {message}"));
         });
+        #[cfg(target_arch = "wasm32")]
+        ctx.check_f16_unpack().await;
         Ok(ctx)
     }
 
@@ -500,6 +523,7 @@ impl Context {
             f16_unpack_exact: false,
             cpu_adapter: info.device_type == wgpu::DeviceType::Cpu,
         };
+        #[cfg_attr(target_arch = "wasm32", allow(unused_mut))]
         let mut ctx = Self {
             device,
             queue,
@@ -513,14 +537,23 @@ impl Context {
             owns_device: false,
             serial: super::serial::DeviceSerial::new(info.backend == wgpu::Backend::Gl),
         };
-        if ctx.caps.f16_in_f32 {
-            // A failed or inexact check keeps the integer decoder: never a reason to refuse.
-            let exact = super::f16_check::unpack_mismatches(&ctx).is_ok_and(|m| m.is_empty());
-            ctx.caps.f16_unpack_exact = exact;
-            // The check's buffers and submission are the context's making, not the caller's.
-            ctx.counters = AtomicCounters::default();
-        }
+        // On the web the check's readback must be awaited: `new_async` runs it there, and a
+        // context made by `from_wgpu` keeps the integer decoder.
+        #[cfg(not(target_arch = "wasm32"))]
+        pollster::block_on(ctx.check_f16_unpack());
         Ok(ctx)
+    }
+
+    /// Runs the f16 check (see [`super::f16_check`]) where the device can convert f16 in f32
+    /// code, and lets the kernels use `unpack2x16float` only when every pattern matched.
+    async fn check_f16_unpack(&mut self) {
+        if self.caps.f16_in_f32 {
+            // A failed or inexact check keeps the integer decoder: never a reason to refuse.
+            let mismatches = super::f16_check::unpack_mismatches_async(self).await;
+            self.caps.f16_unpack_exact = mismatches.is_ok_and(|m| m.is_empty());
+            // The check's buffers and submission are the context's making, not the caller's.
+            self.counters = AtomicCounters::default();
+        }
     }
 
     /// Whether kvattn opened this device itself (rather than [`Context::from_wgpu`]).
@@ -546,7 +579,20 @@ impl Context {
     /// out whether the device is lost). On GL, `f` runs while this thread alone is inside the
     /// context's device calls (wgpu's GL context lock panics after a short wait, so the
     /// context queues its threads itself); `f` must not wait for another thread's kvattn work.
+    ///
+    /// On the web (`wasm32`) an error scope's result is a promise the browser settles later, and
+    /// nothing may block for it: there `f`'s errors are reported by the next sync point instead
+    /// (a readback or [`check_errors_async`](Self::check_errors_async)), as a submission's are.
     pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T> {
+        #[cfg(target_arch = "wasm32")]
+        return self.deferred(what, f);
+        #[cfg(not(target_arch = "wasm32"))]
+        self.scoped_now(what, f)
+    }
+
+    /// [`scoped`](Self::scoped) on native backends, where a popped scope's result is ready.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn scoped_now<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T> {
         self.check_lost()?;
         let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
@@ -573,11 +619,15 @@ impl Context {
 
     /// The first error wgpu raised outside any error scope since the last call, if any.
     pub(crate) fn take_uncaptured(&self) -> Result<()> {
-        match self.health.take() {
-            None => Ok(()),
-            Some(Uncaptured { error, more: 0 }) => Err(error),
-            Some(Uncaptured { error, more }) => Err(super::record::with_more(error, more)),
-        }
+        let Some(Uncaptured { error, more }) = self.health.take() else {
+            return Ok(());
+        };
+        #[cfg(target_arch = "wasm32")]
+        let error = Error::Gpu(error);
+        Err(match more {
+            0 => error,
+            more => super::record::with_more(error, more),
+        })
     }
 
     /// Polls the device. wgpu panics (rather than returning an error) when the driver reports the

@@ -21,6 +21,11 @@ use crate::Result;
 /// [`Error::MissingFeature`](crate::Error::MissingFeature) without `SHADER_F16_IN_F32`; GPU
 /// errors.
 pub fn unpack_mismatches(ctx: &Context) -> Result<Vec<u16>> {
+    pollster::block_on(unpack_mismatches_async(ctx))
+}
+
+/// [`unpack_mismatches`] without blocking (the form the web uses).
+pub async fn unpack_mismatches_async(ctx: &Context) -> Result<Vec<u16>> {
     if !ctx.caps().f16_in_f32 {
         return Err(crate::Error::MissingFeature("shader-f16-in-f32"));
     }
@@ -35,7 +40,7 @@ pub fn unpack_mismatches(ctx: &Context) -> Result<Vec<u16>> {
         pass.dispatch_workgroups(256, 2, 1);
         Ok(())
     })?;
-    let got: Vec<u32> = ctx.read_back(&out, 1 << 16)?;
+    let got: Vec<u32> = ctx.read_back_async(&out, 1 << 16).await?;
     Ok((0..=u16::MAX)
         .filter(|&h| {
             let want = f16_bits_to_f32(h);

@@ -2,7 +2,7 @@
 //! `TIMESTAMP_QUERY`, the wall clock around a queue sync otherwise.
 
 use std::sync::Mutex;
-use std::time::Instant;
+use web_time::Instant;
 
 use super::Context;
 use crate::{Error, Result};

@@ -15,5 +15,5 @@ pub mod weights;
 pub use crate::matmul::head_matmul;
 
 pub use cache::{MlaCache, MlaCacheConfig};
-pub use plan::{mla_host, MlaArgs, MlaIo, MlaPath, MlaPlan};
+pub use plan::{mla_host, mla_host_async, MlaArgs, MlaIo, MlaPath, MlaPlan};
 pub use weights::MlaWeights;

@@ -233,6 +233,18 @@ pub fn mla_host(
     q_nope: &[f32],
     q_pe: &[f32],
 ) -> Result<AttentionOutput> {
+    pollster::block_on(mla_host_async(ctx, cache, weights, args, q_nope, q_pe))
+}
+
+/// [`mla_host`](mla_host) without blocking: the form to await in the browser.
+pub async fn mla_host_async(
+    ctx: &Context,
+    cache: &MlaCache,
+    weights: &MlaWeights,
+    args: &MlaArgs<'_>,
+    q_nope: &[f32],
+    q_pe: &[f32],
+) -> Result<AttentionOutput> {
     let plan = MlaPlan::new(ctx, cache, args)?;
     let s = &args.shape;
     let rows = plan.total_q() * s.num_heads;
@@ -257,7 +269,7 @@ pub fn mla_host(
     };
     plan.run(ctx, cache, args.layer, weights, &io)?;
     Ok(AttentionOutput {
-        out: ctx.read_back(&out, rows * s.d_v)?,
-        lse: ctx.read_back(&lse, rows)?,
+        out: ctx.read_back_async(&out, rows * s.d_v).await?,
+        lse: ctx.read_back_async(&lse, rows).await?,
     })
 }

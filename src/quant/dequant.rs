@@ -78,13 +78,18 @@ fn grid(ctx: &Context, invocations: u64) -> Result<(u32, u32)> {
 /// Decodes every row of `rows` on the GPU and reads the f32 values back (`[rows, head_dim]`).
 /// One submission for the decoding ([`encode_dequantize`]), then the readback.
 pub fn dequantize(ctx: &Context, rows: &EncodedRows) -> Result<Vec<f32>> {
+    pollster::block_on(dequantize_async(ctx, rows))
+}
+
+/// [`dequantize`](dequantize) without blocking: the form to await in the browser.
+pub async fn dequantize_async(ctx: &Context, rows: &EncodedRows) -> Result<Vec<f32>> {
     rows.validate()?;
     let len = rows.num_rows() * rows.head_dim;
     let out = ctx.filled("dequant out", len, crate::gpu::UNWRITTEN)?;
     ctx.run_pass("dequantize", |pass| {
         encode_dequantize(ctx, pass, rows, &out)
     })?;
-    ctx.read_back(&out, len)
+    ctx.read_back_async(&out, len).await
 }
 
 /// Records the decoding of every row of `rows` into `out` (`[rows, head_dim]` f32 from the

@@ -25,7 +25,7 @@ impl Verifier<'_> {
     /// buffers, free blocks shuffled, and compares the stored value and scale words with the CPU
     /// encoder's. The data holds edge rows (see [`edge_rows`]); per-tensor FP8 scales are
     /// calibrated on the first sequence only, so later values saturate.
-    pub(crate) fn append_kv(&mut self, case: AppendCase, seed: u64) -> Result<Outcome> {
+    pub(crate) async fn append_kv(&mut self, case: AppendCase, seed: u64) -> Result<Outcome> {
         let AppendCase {
             dtype,
             d,
@@ -37,10 +37,13 @@ impl Verifier<'_> {
         // read-backs below.
         let gpu = Stopwatch::start();
         if self.capped.is_none() {
-            self.capped = Some(Context::with_options(&ContextOptions {
-                max_storage_binding_cap: Some(APPEND_BINDING_CAP),
-                ..Default::default()
-            })?);
+            self.capped = Some(
+                Context::new_async(&ContextOptions {
+                    max_storage_binding_cap: Some(APPEND_BINDING_CAP),
+                    ..Default::default()
+                })
+                .await?,
+            );
         }
         let ctx = self.capped.as_ref().expect("created above");
         let hkv = APPEND_KV_HEADS;
@@ -144,7 +147,7 @@ impl Verifier<'_> {
         };
         for (s, (k, v)) in data.iter().enumerate() {
             let read = Stopwatch::start();
-            let (gk, gv) = cache.read_rows(ctx, s as u64, 0)?;
+            let (gk, gv) = cache.read_rows_async(ctx, s as u64, 0).await?;
             read_seconds += read.seconds();
             let ek = encode_rows(dtype, d, k, k_mode)?;
             let ev = encode_rows(dtype, d, v, v_mode)?;

@@ -1,17 +1,17 @@
 //! The crate's one time source: verification times its cases with it and the pipeline cache
 //! times compilation with it.
 //!
-//! `std::time::Instant` panics on `wasm32-unknown-unknown`; a web build swaps the body of
-//! [`Stopwatch`] here (for example for `performance.now()`), and nothing else changes.
+//! `std::time::Instant` panics on `wasm32-unknown-unknown`, so the clock is `web-time`'s
+//! `Instant`: std's on native targets, `performance.now()` in the browser.
 
 /// A started clock.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Stopwatch(std::time::Instant);
+pub(crate) struct Stopwatch(web_time::Instant);
 
 impl Stopwatch {
     /// Starts a clock now.
     pub(crate) fn start() -> Self {
-        Self(std::time::Instant::now())
+        Self(web_time::Instant::now())
     }
 
     /// Seconds since [`Stopwatch::start`].

@@ -10,7 +10,7 @@ use crate::attention::paged::PagedQuery;
 use crate::cache::paged::PoolSize;
 use crate::cache::scales::CacheScales;
 use crate::gpu::Context;
-use crate::mla::{mla_host, MlaArgs, MlaCache, MlaCacheConfig, MlaPath, MlaWeights};
+use crate::mla::{mla_host_async, MlaArgs, MlaCache, MlaCacheConfig, MlaPath, MlaWeights};
 use crate::quant::{decode_rows, encode_rows, per_tensor_scale, KvDtype, ScaleMode};
 use crate::reference::mla::{mla, MlaBatch, MlaShape};
 use crate::shader::Precision;
@@ -65,7 +65,7 @@ impl MlaCheck {
 
     /// Runs the check on `ctx` with data from `seed`, timing its GPU side and its oracle in
     /// `phases`; `corrupt` perturbs the output before it is judged (a test hook).
-    pub fn run(
+    pub async fn run(
         &self,
         ctx: &Context,
         seed: u64,
@@ -125,7 +125,7 @@ impl MlaCheck {
             path: self.path,
             up_proj_chunk: None,
         };
-        let result = mla_host(ctx, &cache, &weights, &args, &q_nope, &q_pe);
+        let result = mla_host_async(ctx, &cache, &weights, &args, &q_nope, &q_pe).await;
         phases.gpu += gpu.seconds();
         let mut got = match result {
             Ok(got) => got,

@@ -111,7 +111,20 @@ fn compile_counters(v: &Verifier) -> Counters {
 /// oracle, calling `progress` before and after each case. A case whose kernel returns an error
 /// fails (the note says why); the call itself returns an error only when the grid cannot be
 /// set up or an oracle cannot run.
+///
+/// This blocks until the grid is done; in the browser await [`run_async`] instead.
 pub fn run(
+    ctx: &Context,
+    options: &VerifyOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<VerifyReport> {
+    pollster::block_on(run_async(ctx, options, progress))
+}
+
+/// [`run`] without blocking: every readback is awaited, so it runs on the browser's main thread
+/// (the web page of `web/` awaits it). `progress` is called between cases, so a caller that
+/// updates a page from it shows each case as it finishes.
+pub async fn run_async(
     ctx: &Context,
     options: &VerifyOptions,
     progress: &mut dyn FnMut(&Progress),
@@ -158,7 +171,7 @@ pub fn run(
             name: &name,
         });
         let seed = 0x5eed + index as u64;
-        let (outcome, times) = run_case(&mut verifier, check, seed, options.corrupt_repeat);
+        let (outcome, times) = run_case(&mut verifier, check, seed, options.corrupt_repeat).await;
         let case = case_report(index, check, name, outcome, times);
         progress(&Progress::CaseFinished { total, case: &case });
         cases.push(case);
@@ -206,22 +219,15 @@ pub fn run(
 /// anything but its input fails here), and its GPU side is the case's kernel time. A case whose
 /// first run measured nothing (the kernel failed to run, or is unavailable) is not repeated.
 /// `corrupt_repeat` (a test hook) perturbs the repeat's results alone.
-fn run_case(
-    verifier: &mut Verifier,
+async fn run_case(
+    verifier: &mut Verifier<'_>,
     check: &cases::Check,
     seed: u64,
     corrupt_repeat: bool,
 ) -> (Outcome, CaseTimes) {
     let clock = Stopwatch::start();
-    let run = |verifier: &mut Verifier| {
-        verifier.phases = Phases::default();
-        let outcome = verifier
-            .run(check, seed)
-            .unwrap_or_else(|e| Outcome::unmeasured(Status::Fail, e.to_string()));
-        (outcome, verifier.phases)
-    };
     let before = compile_counters(verifier);
-    let (mut outcome, first) = run(verifier);
+    let (mut outcome, first) = run_once(verifier, check, seed).await;
     let compiled_first = compile_counters(verifier).since(&before);
     let first_compile = compiled_first.pipeline_compile_nanos as f64 * 1e-9;
     let first_gpu = (first.gpu - first_compile).max(0.0);
@@ -231,7 +237,7 @@ fn run_case(
         let before_repeat = compile_counters(verifier);
         let corrupt = verifier.corrupt;
         verifier.corrupt |= corrupt_repeat;
-        let (again, warm) = run(verifier);
+        let (again, warm) = run_once(verifier, check, seed).await;
         verifier.corrupt = corrupt;
         let repeat_compile = compile_counters(verifier)
             .since(&before_repeat)
@@ -264,6 +270,20 @@ fn run_case(
         repeat_seconds,
     };
     (outcome, times)
+}
+
+/// One run of a case: its outcome (an error is a failed case) and where its time went.
+async fn run_once(
+    verifier: &mut Verifier<'_>,
+    check: &cases::Check,
+    seed: u64,
+) -> (Outcome, Phases) {
+    verifier.phases = Phases::default();
+    let outcome = verifier
+        .run(check, seed)
+        .await
+        .unwrap_or_else(|e| Outcome::unmeasured(Status::Fail, e.to_string()));
+    (outcome, verifier.phases)
 }
 
 /// The report of one case.

@@ -2,7 +2,7 @@
 //! checks and the run that `kvattn run attention`, the verification grid and the quality table
 //! share.
 
-use crate::attention::paged::{self, paged_attention_host, PagedAttentionArgs, PagedQuery};
+use crate::attention::paged::{self, paged_attention_host_async, PagedAttentionArgs, PagedQuery};
 use crate::attention::{AttentionOptions, AttentionShape, RaggedBatch};
 use crate::cache::paged::{PagedKvCache, PagedKvConfig, PoolSize};
 use crate::cache::scales::CacheScales;
@@ -123,6 +123,17 @@ pub fn run_paged(
     options: &AttentionOptions,
     setup: &PagedSetup,
 ) -> Result<AttentionOutput> {
+    pollster::block_on(run_paged_async(ctx, batch, shape, options, setup))
+}
+
+/// [`run_paged`](run_paged) without blocking: the form to await in the browser.
+pub async fn run_paged_async(
+    ctx: &Context,
+    batch: &RaggedBatch<'_>,
+    shape: &AttentionShape,
+    options: &AttentionOptions,
+    setup: &PagedSetup,
+) -> Result<AttentionOutput> {
     if setup.precision == Precision::F16 && !ctx.caps().shader_f16 {
         return Err(Error::MissingFeature("shader-f16"));
     }
@@ -168,5 +179,5 @@ pub fn run_paged(
         options,
         precision: setup.precision,
     };
-    paged_attention_host(ctx, &cache, &args, batch.q)
+    paged_attention_host_async(ctx, &cache, &args, batch.q).await
 }

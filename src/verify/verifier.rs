@@ -2,9 +2,9 @@
 
 use std::collections::HashMap;
 
-use crate::attention::decode::{decode_batch, DecodeConfig};
+use crate::attention::decode::{decode_batch_async, DecodeConfig};
 use crate::gpu::Context;
-use crate::quant::dequant::dequantize;
+use crate::quant::dequant::dequantize_async;
 use crate::quant::{decode_rows, encode_rows, KvDtype, ScaleMode};
 use crate::reference::{self, AttentionOutput};
 use crate::shader::Precision;
@@ -15,7 +15,7 @@ use super::cases::{Check, KvFormat, Problem, PAGED_UNIMPLEMENTED};
 use super::clock::Stopwatch;
 use super::metrics::{exact_outcome, max_abs_err, Outcome, Rng};
 use super::oracle::{f16_emulation, seed_of, stored, Oracle, ProblemData};
-use super::paged::{check_paged, run_paged, PagedSetup};
+use super::paged::{check_paged, run_paged_async, PagedSetup};
 use super::report::Status;
 
 /// What the verifier keeps across checks: the adapter and, made on first use, a second
@@ -39,10 +39,10 @@ pub(crate) struct Phases {
 }
 
 impl Phases {
-    /// Runs `f`, adding its wall time to the GPU side.
-    pub fn gpu<T>(&mut self, f: impl FnOnce() -> T) -> T {
+    /// Awaits `f`, adding its wall time to the GPU side.
+    pub async fn gpu<T>(&mut self, f: impl std::future::Future<Output = T>) -> T {
         let clock = Stopwatch::start();
-        let out = f();
+        let out = f.await;
         self.gpu += clock.seconds();
         out
     }
@@ -130,7 +130,7 @@ impl Verifier<'_> {
         Ok(Outcome::attention(got, want, (bound, lse_bound)))
     }
 
-    pub fn run(&mut self, check: &Check, seed: u64) -> Result<Outcome> {
+    pub async fn run(&mut self, check: &Check, seed: u64) -> Result<Outcome> {
         match check {
             Check::Decode {
                 problem,
@@ -152,7 +152,14 @@ impl Verifier<'_> {
                 let ctx = self.ctx;
                 let result = self
                     .phases
-                    .gpu(|| decode_batch(ctx, &batch, &problem.shape, &opts, &config));
+                    .gpu(decode_batch_async(
+                        ctx,
+                        &batch,
+                        &problem.shape,
+                        &opts,
+                        &config,
+                    ))
+                    .await;
                 match result {
                     Ok(got) => self.judge(&got, &data, problem, storage, *precision),
                     Err(e) => Ok(Outcome::unmeasured(Status::Fail, e.to_string())),
@@ -182,10 +189,13 @@ impl Verifier<'_> {
                 };
                 let batch = data.batch(&data.k, &data.v);
                 let ctx = self.ctx;
-                let result = self.phases.gpu(|| {
-                    check_paged(&batch, &problem.shape, &opts, &setup)
-                        .and_then(|()| run_paged(ctx, &batch, &problem.shape, &opts, &setup))
-                });
+                let result = self
+                    .phases
+                    .gpu(async {
+                        check_paged(&batch, &problem.shape, &opts, &setup)?;
+                        run_paged_async(ctx, &batch, &problem.shape, &opts, &setup).await
+                    })
+                    .await;
                 let storage = (*format, modes);
                 match result {
                     Ok(got) => self.judge(&got, &data, problem, storage, *precision),
@@ -199,29 +209,32 @@ impl Verifier<'_> {
                 dtype,
                 head_dim,
                 per_tensor,
-            } => self.dequant(*dtype, *head_dim, *per_tensor, seed),
+            } => self.dequant(*dtype, *head_dim, *per_tensor, seed).await,
             Check::AppendKv {
                 dtype,
                 head_dim,
                 block_size,
                 src,
                 per_tensor,
-            } => self.append_kv(
-                AppendCase {
-                    dtype: *dtype,
-                    d: *head_dim,
-                    block_size: *block_size,
-                    src: *src,
-                    per_tensor: *per_tensor,
-                },
-                seed,
-            ),
-            Check::Mla(m) => m.run(self.ctx, seed, &mut self.phases, self.corrupt),
+            } => {
+                self.append_kv(
+                    AppendCase {
+                        dtype: *dtype,
+                        d: *head_dim,
+                        block_size: *block_size,
+                        src: *src,
+                        per_tensor: *per_tensor,
+                    },
+                    seed,
+                )
+                .await
+            }
+            Check::Mla(m) => m.run(self.ctx, seed, &mut self.phases, self.corrupt).await,
         }
     }
 
     /// GPU decoders against the CPU codec on 3 x 37 rows with an outlier per row.
-    fn dequant(
+    async fn dequant(
         &mut self,
         dtype: KvDtype,
         d: usize,
@@ -246,7 +259,7 @@ impl Verifier<'_> {
             Ok((rows, want))
         })?;
         let ctx = self.ctx;
-        match self.phases.gpu(|| dequantize(ctx, &rows)) {
+        match self.phases.gpu(dequantize_async(ctx, &rows)).await {
             Ok(mut got) => {
                 if self.corrupt {
                     perturb(&mut got);

@@ -8,7 +8,8 @@
 //! use it.
 
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+// `std::time::SystemTime::now` panics on the web; web-time's is the browser's clock there.
+use web_time::{SystemTime, UNIX_EPOCH};
 
 use minijinja::value::Value;
 use minijinja::{context, AutoEscape, Environment, ErrorKind};
