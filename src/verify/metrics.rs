@@ -56,6 +56,19 @@ impl Outcome {
         }
     }
 
+    /// The outcome of a case whose GPU side returned `error`: unavailable (skipped, with the
+    /// reason) when the adapter cannot run it (a limit it exceeds, a feature it lacks: a
+    /// browser's WebGPU limits are often below native ones), else failed.
+    pub fn from_error(error: &crate::Error) -> Self {
+        match error {
+            crate::Error::TooLarge { .. } | crate::Error::MissingFeature(_) => Self::unmeasured(
+                Status::Unavailable,
+                format!("this adapter cannot run it: {error}"),
+            ),
+            _ => Self::unmeasured(Status::Fail, error.to_string()),
+        }
+    }
+
     pub fn unmeasured(status: Status, note: String) -> Self {
         Self {
             status,

@@ -19,7 +19,6 @@ use crate::Result;
 use super::cases::lens_name;
 use super::clock::Stopwatch;
 use super::metrics::{Outcome, Rng};
-use super::report::Status;
 use super::verifier::{perturb, Phases};
 
 /// One MLA check: shape, sequences `(len_q, len_k)`, latent storage, path, kernel variant.
@@ -129,7 +128,7 @@ impl MlaCheck {
         phases.gpu += gpu.seconds();
         let mut got = match result {
             Ok(got) => got,
-            Err(e) => return Ok(Outcome::unmeasured(Status::Fail, e.to_string())),
+            Err(e) => return Ok(Outcome::from_error(&e)),
         };
         if corrupt {
             perturb(&mut got.out);

@@ -282,7 +282,7 @@ async fn run_once(
     let outcome = verifier
         .run(check, seed)
         .await
-        .unwrap_or_else(|e| Outcome::unmeasured(Status::Fail, e.to_string()));
+        .unwrap_or_else(|e| Outcome::from_error(&e));
     (outcome, verifier.phases)
 }
 

@@ -114,7 +114,7 @@ pub fn check_paged(
 
 /// Writes the batch's K/V into a new paged cache (one layer, prefix caching off, free blocks
 /// shuffled so physical blocks come in scattered order; quantized formats are encoded on the
-/// GPU as they are written) and runs [`paged_attention_host`] with every sequence's `len_q`
+/// GPU as they are written) and runs [`paged_attention_host`](paged::paged_attention_host) with every sequence's `len_q`
 /// queries. Call [`check_paged`] first.
 pub fn run_paged(
     ctx: &Context,
@@ -126,7 +126,7 @@ pub fn run_paged(
     pollster::block_on(run_paged_async(ctx, batch, shape, options, setup))
 }
 
-/// [`run_paged`](run_paged) without blocking: the form to await in the browser.
+/// [`run_paged`] without blocking: the form to await in the browser.
 pub async fn run_paged_async(
     ctx: &Context,
     batch: &RaggedBatch<'_>,

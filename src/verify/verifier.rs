@@ -162,7 +162,7 @@ impl Verifier<'_> {
                     .await;
                 match result {
                     Ok(got) => self.judge(&got, &data, problem, storage, *precision),
-                    Err(e) => Ok(Outcome::unmeasured(Status::Fail, e.to_string())),
+                    Err(e) => Ok(Outcome::from_error(&e)),
                 }
             }
             Check::Paged {
@@ -202,7 +202,7 @@ impl Verifier<'_> {
                     Err(Error::InvalidArgument(m)) if m == PAGED_UNIMPLEMENTED => {
                         Ok(Outcome::unmeasured(Status::Unavailable, m))
                     }
-                    Err(e) => Ok(Outcome::unmeasured(Status::Fail, e.to_string())),
+                    Err(e) => Ok(Outcome::from_error(&e)),
                 }
             }
             Check::Dequant {
@@ -266,7 +266,7 @@ impl Verifier<'_> {
                 }
                 Ok(exact_outcome(&got, &want))
             }
-            Err(e) => Ok(Outcome::unmeasured(Status::Fail, e.to_string())),
+            Err(e) => Ok(Outcome::from_error(&e)),
         }
     }
 }

@@ -258,3 +258,33 @@ fn the_quality_table_on_a_tiny_configuration() {
         Err(kvattn::Error::InvalidArgument(_))
     ));
 }
+
+#[test]
+fn cases_past_the_adapters_limits_are_skipped_with_the_reason_never_passed() {
+    // Storage bindings of 4 KiB (a browser or GLES limit can be far below a native one): the
+    // paged cases whose KV block does not fit one binding are unavailable, with the limit in
+    // their note; the rest still pass (their pools split over many buffers). None fails, and
+    // none that needs more is counted as passed.
+    let ctx = own_context(Some(4096));
+    let report = run_checked(&ctx, &options(&[Kernel::Paged]));
+    assert!(!report.cases.is_empty());
+    assert_eq!(report.failed, 0, "{report:#?}");
+    assert!(report.unavailable > 0, "{report:#?}");
+    for c in report
+        .cases
+        .iter()
+        .filter(|c| c.status == Status::Unavailable)
+    {
+        let note = c.note.as_deref().unwrap_or("");
+        assert!(
+            note.starts_with("this adapter cannot run it") && note.contains("limit"),
+            "{c:?}"
+        );
+        assert_eq!(c.max_error, None, "{c:?}");
+    }
+    assert_eq!(
+        report.passed + report.unavailable,
+        report.cases.len(),
+        "{report:#?}"
+    );
+}
