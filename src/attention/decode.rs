@@ -343,7 +343,7 @@ pub fn decode_batch(
     pollster::block_on(decode_batch_async(ctx, batch, shape, options, config))
 }
 
-/// [`decode_batch`](decode_batch) without blocking: the form to await in the browser.
+/// [`decode_batch`] without blocking: the form to await in the browser.
 pub async fn decode_batch_async(
     ctx: &Context,
     batch: &RaggedBatch<'_>,

@@ -734,7 +734,7 @@ pub fn paged_attention_host(
     pollster::block_on(paged_attention_host_async(ctx, cache, args, q))
 }
 
-/// [`paged_attention_host`](paged_attention_host) without blocking: the form to await in the browser.
+/// [`paged_attention_host`] without blocking: the form to await in the browser.
 pub async fn paged_attention_host_async(
     ctx: &Context,
     cache: &PagedKvCache,

@@ -236,7 +236,7 @@ pub fn mla_host(
     pollster::block_on(mla_host_async(ctx, cache, weights, args, q_nope, q_pe))
 }
 
-/// [`mla_host`](mla_host) without blocking: the form to await in the browser.
+/// [`mla_host`] without blocking: the form to await in the browser.
 pub async fn mla_host_async(
     ctx: &Context,
     cache: &MlaCache,

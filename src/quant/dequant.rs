@@ -81,7 +81,7 @@ pub fn dequantize(ctx: &Context, rows: &EncodedRows) -> Result<Vec<f32>> {
     pollster::block_on(dequantize_async(ctx, rows))
 }
 
-/// [`dequantize`](dequantize) without blocking: the form to await in the browser.
+/// [`dequantize`] without blocking: the form to await in the browser.
 pub async fn dequantize_async(ctx: &Context, rows: &EncodedRows) -> Result<Vec<f32>> {
     rows.validate()?;
     let len = rows.num_rows() * rows.head_dim;
