@@ -79,6 +79,8 @@ class Browser:
             f"--user-data-dir={profile}",
             "--remote-debugging-pipe",
         ]
+        # Chromium's own log goes to a file (a pipe nobody reads would fill and stall it).
+        self.log = open(os.path.join(profile, "chromium.log"), "w+b")
         self.proc = subprocess.Popen(
             [chromium, *flags, url],
             # The child's fds 3 and 4 are made by dup2 after the fork; close_fds would close
@@ -86,7 +88,7 @@ class Browser:
             preexec_fn=child_fds,
             close_fds=False,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self.log,
         )
         os.close(to_browser_r)
         os.close(from_browser_w)
@@ -99,7 +101,8 @@ class Browser:
             chunk = os.read(self.from_browser, 1 << 16)
             if not chunk:
                 self.proc.wait(timeout=10)
-                err = self.proc.stderr.read().decode(errors="replace")[-4000:]
+                self.log.seek(0)
+                err = self.log.read().decode(errors="replace")[-4000:]
                 raise RuntimeError(f"Chromium closed the DevTools pipe; its stderr:\n{err}")
             self.buffer += chunk
         message, self.buffer = self.buffer.split(b"\0", 1)
@@ -128,6 +131,7 @@ class Browser:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        self.log.close()
 
 
 def console_lines(events):
