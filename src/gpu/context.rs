@@ -622,8 +622,12 @@ impl Context {
         let Some(Uncaptured { error, more }) = self.health.take() else {
             return Ok(());
         };
+        // On the web the kept message becomes the error, with the count in it.
         #[cfg(target_arch = "wasm32")]
-        let error = Error::Gpu(error);
+        let (error, more) = match more {
+            0 => (Error::Gpu(error), 0),
+            more => (Error::Gpu(format!("{error} (and {more} more)")), 0),
+        };
         Err(match more {
             0 => error,
             more => super::record::with_more(error, more),
