@@ -251,7 +251,13 @@ def main():
 
 def print_summary(result):
     adapter = result.get("adapter") or {}
-    print(f"adapter: {adapter.get('name')} ({adapter.get('backend')}, {adapter.get('driver')})")
+    browser = result.get("browser_adapter") or {}
+    said = ", ".join(f"{k} {v}" for k, v in browser.items() if v)
+    print(
+        f"adapter: {adapter.get('name')!r} ({adapter.get('backend')}, "
+        f"{adapter.get('device_type')}); the browser says: {said or 'nothing'}; "
+        f"attention kernel: {result.get('attention_kernel')}"
+    )
     print(f"kvattn uses: {', '.join(result.get('features', [])) or 'no optional feature'}")
     print(f"adapter features: {', '.join(result.get('adapter_features', []))}")
     for key, value in result.get("limits") or []:
