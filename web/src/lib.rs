@@ -38,7 +38,7 @@ pub struct PageResult {
     pub selection: String,
     /// The verification cases, in grid order.
     pub cases: Vec<CaseRow>,
-    /// Cases that passed, failed, were skipped.
+    /// Cases that passed.
     pub passed: usize,
     /// Cases that ran and failed.
     pub failed: usize,
@@ -240,6 +240,14 @@ fn decode_component(value: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Milliseconds since navigation start (`performance.now()`).
+#[cfg(target_arch = "wasm32")]
+pub(crate) fn now_ms() -> f64 {
+    web_sys::window()
+        .and_then(|w| w.performance())
+        .map_or(0.0, |p| p.now())
 }
 
 /// Runs the page: see the module's docs. `query` is `location.search`; `browser_adapter` is

@@ -7,13 +7,7 @@ use kvattn::gpu::{Context, ContextOptions};
 use kvattn::verify::{self, Progress};
 use wasm_bindgen::JsValue;
 
-use crate::{CaseRow, DecodeStep, PageResult, Selection};
-
-fn now_ms() -> f64 {
-    web_sys::window()
-        .and_then(|w| w.performance())
-        .map_or(0.0, |p| p.now())
-}
+use crate::{now_ms, CaseRow, DecodeStep, PageResult, Selection};
 
 fn set_global(key: &str, value: &JsValue) {
     if let Some(window) = web_sys::window() {
@@ -76,7 +70,7 @@ fn install_panic_hook() {
         web_sys::console::error_1(&JsValue::from_str(&message));
         status(&message, "fail");
         let result = PageResult {
-            webgpu: true,
+            webgpu: has_webgpu(),
             error: Some(message),
             ..Default::default()
         };

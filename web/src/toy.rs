@@ -9,18 +9,12 @@ use kvattn::quant::KvDtype;
 use kvattn::reference::llama::llama_logits;
 use kvattn::shader::Precision;
 
-use crate::DecodeStep;
+use crate::{now_ms, DecodeStep};
 
 /// Prompt tokens before the steps: two 16-token blocks and part of a third.
 const PROMPT: usize = 37;
 /// Decode steps: the first compiles the decode pipelines, the second runs warm.
 const STEPS: usize = 2;
-
-fn now_ms() -> f64 {
-    web_sys::window()
-        .and_then(|w| w.performance())
-        .map_or(0.0, |p| p.now())
-}
 
 /// Prefills a 37-token prompt into a paged f32 cache (16-token blocks, free blocks shuffled),
 /// then decodes two greedy tokens; each step's logits are compared with the CPU reference
