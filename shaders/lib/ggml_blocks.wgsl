@@ -79,23 +79,33 @@ fn ggml_k_scale_min(at: u32, s: u32) -> vec2<u32> {
 }
 
 // What every piece of a chunk shares, read once per chunk: where its words start (the row's
-// chunk for plain types, the block otherwise), its sub-block, and the scale and offset of its
-// values (Q6_K: the scales of its two halves of 16 values).
+// chunk for plain types, the block otherwise), its sub-block, the scale and offset of its
+// values (Q6_K: the scales of its two halves of 16 values), and for the 32-value blocks whose
+// pieces share code words (Q4_0, Q4_1, Q5_0, Q5_1: pieces p and p + 2 are the low and high
+// nibbles of the same bytes) the four code words and the fifth bits, so that each word is
+// loaded once per chunk (zero for the other formats).
 struct GgmlChunk {
     at: u32,
     s: u32,
     scale: vec2<f32>,
     offset: f32,
+    codes: vec4<u32>,
+    fifth: u32,
+}
+
+// The four code words of a 32-value block from word `at`.
+fn ggml_codes4(at: u32) -> vec4<u32> {
+    return vec4<u32>(ggml_word(at), ggml_word(at + 1u), ggml_word(at + 2u), ggml_word(at + 3u));
 }
 
 // Chunk c of row `row` (rows of `chunks` chunks).
 fn ggml_chunk(row: u32, chunks: u32, c: u32) -> GgmlChunk {
     switch FORMAT {
         case GGML_F32: {
-            return GgmlChunk((row * chunks + c) * 32u, 0u, vec2<f32>(1.0), -0.0);
+            return GgmlChunk((row * chunks + c) * 32u, 0u, vec2<f32>(1.0), -0.0, vec4<u32>(0u), 0u);
         }
         case GGML_F16, GGML_BF16: {
-            return GgmlChunk((row * chunks + c) * 16u, 0u, vec2<f32>(1.0), -0.0);
+            return GgmlChunk((row * chunks + c) * 16u, 0u, vec2<f32>(1.0), -0.0, vec4<u32>(0u), 0u);
         }
         default: {}
     }
@@ -107,7 +117,7 @@ fn ggml_chunk(row: u32, chunks: u32, c: u32) -> GgmlChunk {
             let sm = ggml_k_scale_min(bw + 1u, s);
             let scale = kv_f16(head & 0xffffu) * f32(sm.x);
             let offset = kv_f16(head >> 16u) * f32(sm.y);
-            return GgmlChunk(bw, s, vec2<f32>(scale), -offset);
+            return GgmlChunk(bw, s, vec2<f32>(scale), -offset, vec4<u32>(0u), 0u);
         }
         case GGML_Q6_K: {
             // The scales of values 0-15 and 16-31 of chunk s: bytes 8(s / 4) + 2(s % 4) and the
@@ -117,14 +127,23 @@ fn ggml_chunk(row: u32, chunks: u32, c: u32) -> GgmlChunk {
             let sc = vec2<i32>(bitcast<i32>(sc_word << 24u) >> 24u,
                 bitcast<i32>(sc_word << 16u) >> 24u);
             let dq = kv_f16(ggml_word(bw + 52u) & 0xffffu);
-            return GgmlChunk(bw, s, dq * vec2<f32>(sc), -0.0);
+            return GgmlChunk(bw, s, dq * vec2<f32>(sc), -0.0, vec4<u32>(0u), 0u);
         }
-        case GGML_Q4_1, GGML_Q5_1: {
+        case GGML_Q4_0, GGML_Q4_1: {
             let head = ggml_word(bw);
-            return GgmlChunk(bw, s, vec2<f32>(kv_f16(head & 0xffffu)), kv_f16(head >> 16u));
+            let offset = select(-0.0, kv_f16(head >> 16u), FORMAT == GGML_Q4_1);
+            return GgmlChunk(bw, s, vec2<f32>(kv_f16(head & 0xffffu)), offset,
+                ggml_codes4(bw + 1u), 0u);
+        }
+        case GGML_Q5_0, GGML_Q5_1: {
+            let head = ggml_word(bw);
+            let offset = select(-0.0, kv_f16(head >> 16u), FORMAT == GGML_Q5_1);
+            return GgmlChunk(bw, s, vec2<f32>(kv_f16(head & 0xffffu)), offset,
+                ggml_codes4(bw + 2u), ggml_word(bw + 1u));
         }
         default: {
-            return GgmlChunk(bw, s, vec2<f32>(kv_f16(ggml_word(bw) & 0xffffu)), -0.0);
+            return GgmlChunk(bw, s, vec2<f32>(kv_f16(ggml_word(bw) & 0xffffu)), -0.0,
+                vec4<u32>(0u), 0u);
         }
     }
 }
@@ -167,14 +186,12 @@ fn ggml_values8(ch: GgmlChunk, p: u32) -> Values8 {
     let pair = 2u * (p % 2u);
     switch FORMAT {
         case GGML_Q4_0, GGML_Q4_1: {
-            let q = ggml_bytes8(ggml_word(bw + 1u + pair), ggml_word(bw + 2u + pair), 4u * half,
-                15u);
+            let q = ggml_bytes8(ch.codes[pair], ch.codes[pair + 1u], 4u * half, 15u);
             return ggml_scaled8(q, select(0.0, -8.0, FORMAT == GGML_Q4_0), d, ch.offset);
         }
         case GGML_Q5_0, GGML_Q5_1: {
-            let lo = ggml_bytes8(ggml_word(bw + 2u + pair), ggml_word(bw + 3u + pair), 4u * half,
-                15u);
-            let q = ggml_add8(lo, ggml_fifth8(ggml_word(bw + 1u), 8u * p));
+            let lo = ggml_bytes8(ch.codes[pair], ch.codes[pair + 1u], 4u * half, 15u);
+            let q = ggml_add8(lo, ggml_fifth8(ch.fifth, 8u * p));
             return ggml_scaled8(q, select(0.0, -16.0, FORMAT == GGML_Q5_0), d, ch.offset);
         }
         case GGML_Q8_0: {
