@@ -28,8 +28,10 @@ fn ggml_word(i: u32) -> u32 {
     return w[j / 4u][j % 4u];
 }
 
-// Invocations per workgroup.
-override ROW_WG: u32 = 16u;
+// Invocations per workgroup: one SIMD vector of lavapipe (8 lanes), so that a window's rows
+// make several workgroups for the adapter's threads to share (the host rounds a window to
+// whole workgroups: whole_groups in src/decoder/ops/qmatmul.rs).
+override ROW_WG: u32 = 8u;
 
 // Row t of x's contribution (rows past `rows` repeat the last one): x values 8p .. 8p + 7 of
 // its chunk (vec4 `xo` of row 0) against the decoded weights.
@@ -42,47 +44,84 @@ fn x_row_dot(w: Rows4, xo: u32, t: u32, acc: vec4<f32>) -> vec4<f32> {
 // ROWS_T rows of x. The accumulators are indexed by literals only (registers on lavapipe).
 override ROWS_T: u32 = 1u;
 
+// The partials of lane l (chunks l, l + LANES, ...) of the 4 rows of W from o0, for rows t ..
+// t + ROWS_T - 1 of x (a0 .. a3).
+struct Partials {
+    a0: vec4<f32>,
+    a1: vec4<f32>,
+    a2: vec4<f32>,
+    a3: vec4<f32>,
+}
+
+fn partials(o0: u32, chunks: u32, t: u32, l: u32) -> Partials {
+    var acc = Partials(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var c = l; c < chunks; c += LANES) {
+        let ch = chunks4(o0, chunks, c);
+        for (var p = 0u; p < 4u; p++) {
+            let wv = rows4(ch, p);
+            let xo = params.x_base / 4u + c * 8u + 2u * p;
+            acc.a0 = x_row_dot(wv, xo, t, acc.a0);
+            if ROWS_T > 1u {
+                acc.a1 = x_row_dot(wv, xo, t + 1u, acc.a1);
+            }
+            if ROWS_T > 2u {
+                acc.a2 = x_row_dot(wv, xo, t + 2u, acc.a2);
+                acc.a3 = x_row_dot(wv, xo, t + 3u, acc.a3);
+            }
+        }
+    }
+    return acc;
+}
+
+fn add_partials(x: Partials, y: Partials) -> Partials {
+    return Partials(x.a0 + y.a0, x.a1 + y.a1, x.a2 + y.a2, x.a3 + y.a3);
+}
+
 @compute @workgroup_size(ROW_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let o0 = (wid.x * ROW_WG + lid) * 4u;
     let chunks = params.k / 32u;
     for (var t = 0u; t < params.rows; t += ROWS_T) {
-        var tree0: array<vec4<f32>, LANES>;
-        var tree1: array<vec4<f32>, LANES>;
-        var tree2: array<vec4<f32>, LANES>;
-        var tree3: array<vec4<f32>, LANES>;
-        for (var l = 0u; l < LANES; l++) {
-            var acc0 = vec4<f32>(0.0);
-            var acc1 = vec4<f32>(0.0);
-            var acc2 = vec4<f32>(0.0);
-            var acc3 = vec4<f32>(0.0);
-            for (var c = l; c < chunks; c += LANES) {
-                let ch = chunks4(o0, chunks, c);
-                for (var p = 0u; p < 4u; p++) {
-                    let wv = rows4(ch, p);
-                    let xo = params.x_base / 4u + c * 8u + 2u * p;
-                    acc0 = x_row_dot(wv, xo, t, acc0);
-                    if ROWS_T > 1u {
-                        acc1 = x_row_dot(wv, xo, t + 1u, acc1);
-                    }
-                    if ROWS_T > 2u {
-                        acc2 = x_row_dot(wv, xo, t + 2u, acc2);
-                        acc3 = x_row_dot(wv, xo, t + 3u, acc3);
-                    }
-                }
+        // lane_tree's sums (lib/qmatmul_dot.wgsl: step o adds p[j + o] to p[j], o = 8, 4, 2,
+        // 1) without an indexed array, which a CPU adapter keeps in memory one lane at a time:
+        // taken in bit-reversed order (0, 8, 4, 12, 2, ...), the partials meet that tree as
+        // a left-to-right binary tree, which a binary counter sums with one pending value per
+        // level (h0 .. h3).
+        var h0: Partials;
+        var h1: Partials;
+        var h2: Partials;
+        var h3: Partials;
+        var sum: Partials;
+        for (var i = 0u; i < LANES; i++) {
+            let leaf = partials(o0, chunks, t, reverseBits(i) >> 28u);
+            if (i & 1u) == 0u {
+                h0 = leaf;
+                continue;
             }
-            tree0[l] = acc0;
-            tree1[l] = acc1;
-            tree2[l] = acc2;
-            tree3[l] = acc3;
+            let n1 = add_partials(h0, leaf);
+            if (i & 2u) == 0u {
+                h1 = n1;
+                continue;
+            }
+            let n2 = add_partials(h1, n1);
+            if (i & 4u) == 0u {
+                h2 = n2;
+                continue;
+            }
+            let n3 = add_partials(h2, n2);
+            if (i & 8u) == 0u {
+                h3 = n3;
+                continue;
+            }
+            sum = add_partials(h3, n3);
         }
-        store4(t, o0, lane_tree(&tree0));
+        store4(t, o0, sum.a0);
         if ROWS_T > 1u {
-            store4(t + 1u, o0, lane_tree(&tree1));
+            store4(t + 1u, o0, sum.a1);
         }
         if ROWS_T > 2u {
-            store4(t + 2u, o0, lane_tree(&tree2));
-            store4(t + 3u, o0, lane_tree(&tree3));
+            store4(t + 2u, o0, sum.a2);
+            store4(t + 3u, o0, sum.a3);
         }
     }
 }
