@@ -479,6 +479,7 @@ fn weight_windows(ctx: &Context, w: &QWeight) -> Option<Vec<WSlice>> {
     let row_words = row_words(w.ty, w.k)? as u64;
     let align = u64::from(ctx.device.limits().min_uniform_buffer_offset_alignment).max(4);
     let window_words = X_WINDOW_BYTES / 4;
+    let threads = cpu_threads();
     let mut out = Vec::new();
     for (part, (buffer, r0, nr)) in w.parts.iter().enumerate() {
         if !buffer.usage().contains(wgpu::BufferUsages::UNIFORM) {
@@ -498,7 +499,7 @@ fn weight_windows(ctx: &Context, w: &QWeight) -> Option<Vec<WSlice>> {
             if fit == 0 {
                 return None;
             }
-            let count = fit.min(nr - r);
+            let count = whole_groups(fit, threads).min(nr - r);
             out.push(WSlice {
                 part,
                 window: Some(offset),
@@ -510,6 +511,42 @@ fn weight_windows(ctx: &Context, w: &QWeight) -> Option<Vec<WSlice>> {
         }
     }
     Some(out)
+}
+
+/// Rows of `W` one window of the row kernel takes when `fit` fit: whole workgroups, as many as
+/// a multiple of the CPU adapter's threads where that many fit. A CPU adapter runs a dispatch's
+/// workgroups on its threads, a workgroup past `n` still computes its 32 rows (they repeat the
+/// last one), and a thread left without a workgroup at a window's end idles until the next
+/// dispatch; rows per window change no row's bits.
+fn whole_groups(fit: usize, threads: usize) -> usize {
+    let group = ROW_WG * W_ROWS;
+    let round = group * threads.max(1);
+    if fit >= round {
+        fit / round * round
+    } else if fit >= group {
+        fit / group * group
+    } else {
+        fit
+    }
+}
+
+/// Threads a CPU adapter runs workgroups on: Mesa's llvmpipe and lavapipe start
+/// `LP_NUM_THREADS` of them, by default one per CPU; 1 where the host does not say (the web).
+fn cpu_threads() -> usize {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        std::env::var("LP_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+            .unwrap_or(1)
+            .min(64)
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        1
+    }
 }
 
 /// [`prepare_qmatmul`] with the kernel `mapping` (tests compare them).
@@ -732,6 +769,19 @@ mod tests {
         block.extend([0xCD, 0xAB]);
         let words = pack_rows(GgmlType::Q6_K, 256, &block).unwrap();
         assert_eq!((words.len(), words[52]), (53, 0xABCD));
+    }
+
+    #[test]
+    fn row_kernel_windows_take_whole_workgroups_shared_by_the_threads() {
+        assert_eq!(ROW_WG * W_ROWS, 32);
+        // Q4_1 rows of 576 values: 182 fit a window; 4 workgroups, 2 for each of 2 threads.
+        assert_eq!(whole_groups(182, 2), 128);
+        assert_eq!(whole_groups(182, 1), 160);
+        // Fewer rows than one workgroup per thread: whole workgroups still.
+        assert_eq!(whole_groups(68, 4), 64);
+        // Under one workgroup: the rows that fit.
+        assert_eq!(whole_groups(20, 2), 20);
+        assert_eq!(whole_groups(101, 0), 96);
     }
 
     #[test]

@@ -19,8 +19,9 @@ use crate::Result;
 /// `maxUniformBufferBindingSize`.
 pub const X_WINDOW_BYTES: u64 = 64 * 1024;
 
-/// Invocations per workgroup (the kernel's `ROW_WG`); each owns 4 rows of `W`.
-pub(crate) const ROW_WG: usize = 16;
+/// Invocations per workgroup (the kernel's `ROW_WG`): one SIMD vector of lavapipe, so that a
+/// window's rows make several workgroups for the adapter's threads; each owns 4 rows of `W`.
+pub(crate) const ROW_WG: usize = 8;
 
 /// A buffer of `x` rows every kernel of the product can read, the row kernel included:
 /// `values`, then [`X_WINDOW_BYTES`] of zeros, with `STORAGE | UNIFORM | COPY_SRC | COPY_DST`
