@@ -2,8 +2,8 @@
 // (src/decoder/ops/qmatmul_rows.rs). The same products and the same bits as qmatmul.wgsl (the
 // formats and the order of the sums: its header and lib/qmatmul_dot.wgsl).
 //
-// An invocation owns 4 rows of W ((wid.x * ROW_WG + lid) * 4 ...) and computes their LANES
-// partials one after another (partial l over chunks l, l + LANES, ...), then the tree in
+// An invocation owns 4 W_GROUPS rows of W ((wid.x * ROW_WG + lid) * 4 W_GROUPS ...) and
+// computes their LANES partials one after another (partial l over chunks l, l + LANES, ...), then the tree in
 // registers: no workgroup memory and no barrier (a CPU adapter turns a barrier into a
 // coroutine switch). Rows of x are taken ROWS_T at a time (1, 2 or 4), each chunk of W decoded
 // once per ROWS_T rows: the host picks this kernel for every product on a CPU adapter whose
@@ -44,6 +44,11 @@ fn x_row_dot(w: Rows4, xo: u32, t: u32, acc: vec4<f32>) -> vec4<f32> {
 // ROWS_T rows of x. The accumulators are indexed by literals only (registers on lavapipe).
 override ROWS_T: u32 = 1u;
 
+// Groups of 4 rows of W per invocation: 2 only for one row of x (ROWS_T = 1, `rows` = 1) over
+// windows of many rows (the host's choice), each x value then loaded once per 8 rows of W;
+// else 1.
+override W_GROUPS: u32 = 1u;
+
 // The partials of lane l (chunks l, l + LANES, ...) of the 4 rows of W from o0, for rows t ..
 // t + ROWS_T - 1 of x (a0 .. a3).
 struct Partials {
@@ -57,6 +62,19 @@ fn partials(o0: u32, chunks: u32, t: u32, l: u32) -> Partials {
     var acc = Partials(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
     for (var c = l; c < chunks; c += LANES) {
         let ch = chunks4(o0, chunks, c);
+        if W_GROUPS > 1u {
+            // One row of x, two groups of 4 rows of W (a1: the second), each x value loaded
+            // once for both.
+            let ch1 = chunks4(o0 + 4u, chunks, c);
+            let at = params.x_base / 4u + c * 8u;
+            for (var p = 0u; p < 4u; p++) {
+                let xa = x[at + 2u * p];
+                let xb = x[at + 2u * p + 1u];
+                acc.a0 = dot8x4(rows4(ch, p), xa, xb, acc.a0);
+                acc.a1 = dot8x4(rows4(ch1, p), xa, xb, acc.a1);
+            }
+            continue;
+        }
         for (var p = 0u; p < 4u; p++) {
             let wv = rows4(ch, p);
             let xo = params.x_base / 4u + c * 8u + 2u * p;
@@ -79,7 +97,7 @@ fn add_partials(x: Partials, y: Partials) -> Partials {
 
 @compute @workgroup_size(ROW_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let o0 = (wid.x * ROW_WG + lid) * 4u;
+    let o0 = (wid.x * ROW_WG + lid) * 4u * W_GROUPS;
     let chunks = params.k / 32u;
     for (var t = 0u; t < params.rows; t += ROWS_T) {
         // lane_tree's sums (lib/qmatmul_dot.wgsl: step o adds p[j + o] to p[j], o = 8, 4, 2,
@@ -116,6 +134,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             sum = add_partials(h3, n3);
         }
         store4(t, o0, sum.a0);
+        if W_GROUPS > 1u {
+            store4(t, o0 + 4u, sum.a1);
+        }
         if ROWS_T > 1u {
             store4(t + 1u, o0, sum.a1);
         }

@@ -251,6 +251,32 @@ fn every_block_type_matches_the_cpu_reference_on_odd_shapes() {
     );
 }
 
+/// One row of x over short weight rows (one block each): thousands of rows fit one window of
+/// the row kernel, which then gives each invocation two groups of 4 rows of W (on any CPU
+/// adapter of up to 51 threads for 32-value blocks, 7 for K-quants); the kernels agree bit for
+/// bit and match the CPU.
+#[test]
+fn one_row_over_short_weight_rows_matches_in_every_kernel() {
+    let ctx = gpu();
+    let mut rng = Rng::new(23);
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::F16,
+    ] {
+        let k = (ty.block_size() as usize).max(32);
+        let n = window_rows(ty, k);
+        let w = random_weight(&mut rng, ty, n, k);
+        let weight = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
+        let x = rng.normals(2 * k, 1.0);
+        let y = run(ctx, &weight, &x, (1, 1, 0, 2));
+        let want = reference(ty, (n, k), &w, &x[k..], 1);
+        check(&format!("{ty} n {n} k {k} rows 1"), &y, &want, (n, 0, 1));
+    }
+}
+
 #[test]
 fn a_row_gets_the_same_bits_alone_or_in_any_batch() {
     let ctx = gpu();

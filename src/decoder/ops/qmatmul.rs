@@ -271,7 +271,7 @@ impl QWeight {
     /// Whether the row kernel ([`QMatmulMapping::Rows`]) can read it: uploaded on a CPU
     /// adapter, at least 64 KiB, rows of at most 64 KiB.
     pub fn has_windows(&self, ctx: &Context) -> bool {
-        weight_windows(ctx, self).is_some()
+        weight_windows(ctx, self, 1).is_some()
     }
 
     /// Buffers it is split into.
@@ -343,11 +343,30 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
         .collect()
 }
 
-/// The row kernel's constants: the format's and the rows of x per decoded weight (1, 2 or 4).
-fn row_constants(ty: GgmlType, rows: usize) -> Vec<(&'static str, f64)> {
+/// The row kernel's constants: the format's, the rows of x per decoded weight (1, 2 or 4) and
+/// the groups of 4 rows of `W` per invocation.
+fn row_constants(ty: GgmlType, rows: usize, groups: usize) -> Vec<(&'static str, f64)> {
     let mut c = format_constants(ty);
     c.push(("ROWS_T", rows.clamp(1, 4).next_power_of_two().min(4) as f64));
+    c.push(("W_GROUPS", groups as f64));
     c
+}
+
+/// Groups of 4 rows of `W` per invocation of the row kernel: 2 for one row of `x` when a
+/// window holds two workgroups of 8 rows per invocation for each of the adapter's threads (each
+/// `x` value is then loaded once per 8 rows), else 1 (a window of fewer rows would leave
+/// threads idle).
+fn row_groups(w: &QWeight, rows: usize) -> usize {
+    let Some(row_words) = row_words(w.ty, w.k) else {
+        return 1;
+    };
+    // Rows a window holds at least, whatever its offset's alignment (up to 256 bytes).
+    let fit = (X_WINDOW_BYTES as usize / 4).saturating_sub(64) / row_words;
+    if rows == 1 && fit >= 2 * ROW_WG * W_ROWS * cpu_threads() {
+        2
+    } else {
+        1
+    }
 }
 
 /// Override constants of the row kernel for the naga tests: every type, one and four rows of
@@ -355,7 +374,13 @@ fn row_constants(ty: GgmlType, rows: usize) -> Vec<(&'static str, f64)> {
 pub fn row_representative_constants() -> Vec<Vec<(&'static str, f64)>> {
     crate::decoder::blocks::SUPPORTED
         .iter()
-        .flat_map(|&ty| [row_constants(ty, 1), row_constants(ty, 4)])
+        .flat_map(|&ty| {
+            [
+                row_constants(ty, 1, 1),
+                row_constants(ty, 1, 2),
+                row_constants(ty, 4, 1),
+            ]
+        })
         .collect()
 }
 
@@ -395,7 +420,8 @@ impl QMatmulMapping {
         let (_, k) = args.w.shape();
         if ctx.caps().cpu_adapter {
             let first = args.x_row.saturating_mul(k);
-            if Window::of(ctx, args.x, first, k).is_some() && weight_windows(ctx, args.w).is_some()
+            if Window::of(ctx, args.x, first, k).is_some()
+                && weight_windows(ctx, args.w, 1).is_some()
             {
                 return Self::Rows;
             }
@@ -475,7 +501,7 @@ impl WSlice {
 
 /// `w` cut into uniform windows of whole rows for the row kernel; `None` when it was not
 /// uploaded for them (UNIFORM usage, a window's room after each part) or a row does not fit.
-fn weight_windows(ctx: &Context, w: &QWeight) -> Option<Vec<WSlice>> {
+fn weight_windows(ctx: &Context, w: &QWeight, groups: usize) -> Option<Vec<WSlice>> {
     let row_words = row_words(w.ty, w.k)? as u64;
     let align = u64::from(ctx.device.limits().min_uniform_buffer_offset_alignment).max(4);
     let window_words = X_WINDOW_BYTES / 4;
@@ -499,7 +525,7 @@ fn weight_windows(ctx: &Context, w: &QWeight) -> Option<Vec<WSlice>> {
             if fit == 0 {
                 return None;
             }
-            let count = whole_groups(fit, threads).min(nr - r);
+            let count = whole_groups(fit, ROW_WG * W_ROWS * groups, threads).min(nr - r);
             out.push(WSlice {
                 part,
                 window: Some(offset),
@@ -513,13 +539,12 @@ fn weight_windows(ctx: &Context, w: &QWeight) -> Option<Vec<WSlice>> {
     Some(out)
 }
 
-/// Rows of `W` one window of the row kernel takes when `fit` fit: whole workgroups, as many as
-/// a multiple of the CPU adapter's threads where that many fit. A CPU adapter runs a dispatch's
-/// workgroups on its threads, a workgroup past `n` still computes its 32 rows (they repeat the
-/// last one), and a thread left without a workgroup at a window's end idles until the next
+/// Rows of `W` one window of the row kernel takes when `fit` fit: whole workgroups of `group`
+/// rows, as many as a multiple of the CPU adapter's threads where that many fit. A CPU adapter
+/// runs a dispatch's workgroups on its threads, a workgroup past `n` still computes all its
+/// rows (they repeat the last one), and a thread left without a workgroup at a window's end idles until the next
 /// dispatch; rows per window change no row's bits.
-fn whole_groups(fit: usize, threads: usize) -> usize {
-    let group = ROW_WG * W_ROWS;
+fn whole_groups(fit: usize, group: usize, threads: usize) -> usize {
     let round = group * threads.max(1);
     if fit >= round {
         fit / round * round
@@ -607,7 +632,13 @@ pub fn prepare_qmatmul_mapped(
                     Window::max_rows(ctx, 1)
                 )));
             }
-            (most, ROW_WG * W_ROWS, most, row_constants(w.ty, rows))
+            let groups = row_groups(w, rows);
+            (
+                most,
+                ROW_WG * W_ROWS * groups,
+                most,
+                row_constants(w.ty, rows, groups),
+            )
         }
         QMatmulMapping::Tiled => (
             TILE_X_ROWS,
@@ -623,7 +654,7 @@ pub fn prepare_qmatmul_mapped(
     // The rows of W each dispatch binds: whole parts, or for the row kernel windows of whole
     // rows.
     let w_slices = match mapping {
-        QMatmulMapping::Rows => weight_windows(ctx, w).ok_or_else(|| {
+        QMatmulMapping::Rows => weight_windows(ctx, w, row_groups(w, rows)).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "qmatmul: the row kernel reads W through uniform windows of {X_WINDOW_BYTES} \
                  bytes: the weight must be uploaded on a CPU adapter, at least one window \
@@ -775,13 +806,15 @@ mod tests {
     fn row_kernel_windows_take_whole_workgroups_shared_by_the_threads() {
         assert_eq!(ROW_WG * W_ROWS, 32);
         // Q4_1 rows of 576 values: 182 fit a window; 4 workgroups, 2 for each of 2 threads.
-        assert_eq!(whole_groups(182, 2), 128);
-        assert_eq!(whole_groups(182, 1), 160);
+        assert_eq!(whole_groups(182, 32, 2), 128);
+        assert_eq!(whole_groups(182, 32, 1), 160);
+        // Workgroups of 64 rows (two groups per invocation): one for each of 2 threads.
+        assert_eq!(whole_groups(182, 64, 2), 128);
         // Fewer rows than one workgroup per thread: whole workgroups still.
-        assert_eq!(whole_groups(68, 4), 64);
+        assert_eq!(whole_groups(68, 32, 4), 64);
         // Under one workgroup: the rows that fit.
-        assert_eq!(whole_groups(20, 2), 20);
-        assert_eq!(whole_groups(101, 0), 96);
+        assert_eq!(whole_groups(20, 32, 2), 20);
+        assert_eq!(whole_groups(101, 32, 0), 96);
     }
 
     #[test]
