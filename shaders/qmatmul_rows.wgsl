@@ -104,7 +104,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // 1) without an indexed array, which a CPU adapter keeps in memory one lane at a time:
         // taken in bit-reversed order (0, 8, 4, 12, 2, ...), the partials meet that tree as
         // a left-to-right binary tree, which a binary counter sums with one pending value per
-        // level (h0 .. h3).
+        // level (h0 .. h3: four levels and 4-bit reversal, for LANES = 16).
         var h0: Partials;
         var h1: Partials;
         var h2: Partials;
