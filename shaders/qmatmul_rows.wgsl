@@ -3,11 +3,11 @@
 // formats and the order of the sums: its header and lib/qmatmul_dot.wgsl).
 //
 // An invocation owns 4 W_GROUPS rows of W ((wid.x * ROW_WG + lid) * 4 W_GROUPS ...) and
-// computes their LANES partials one after another (partial l over chunks l, l + LANES, ...), then the tree in
-// registers: no workgroup memory and no barrier (a CPU adapter turns a barrier into a
-// coroutine switch). Rows of x are taken ROWS_T at a time (1, 2 or 4), each chunk of W decoded
-// once per ROWS_T rows: the host picks this kernel for every product on a CPU adapter whose
-// operands it can read.
+// computes their LANES partials one after another (partial l over chunks l, l + LANES, ...),
+// then the tree in registers: no workgroup memory and no barrier (a CPU adapter turns a
+// barrier into a coroutine switch). Rows of x are taken ROWS_T at a time (1, 2 or 4), each
+// chunk of W decoded once per ROWS_T rows: the host picks this kernel for every product on a
+// CPU adapter whose operands it can read.
 //
 // x is read through a uniform binding of 64 KiB (X_VEC4 vec4s) from an offset aligned for
 // uniform bindings: on Mesa's llvmpipe and lavapipe a storage load whose address depends on a

@@ -542,8 +542,8 @@ fn weight_windows(ctx: &Context, w: &QWeight, groups: usize) -> Option<Vec<WSlic
 /// Rows of `W` one window of the row kernel takes when `fit` fit: whole workgroups of `group`
 /// rows, as many as a multiple of the CPU adapter's threads where that many fit. A CPU adapter
 /// runs a dispatch's workgroups on its threads, a workgroup past `n` still computes all its
-/// rows (they repeat the last one), and a thread left without a workgroup at a window's end idles until the next
-/// dispatch; rows per window change no row's bits.
+/// rows (they repeat the last one), and a thread left without a workgroup at a window's end
+/// idles until the next dispatch; rows per window change no row's bits.
 fn whole_groups(fit: usize, group: usize, threads: usize) -> usize {
     let round = group * threads.max(1);
     if fit >= round {
