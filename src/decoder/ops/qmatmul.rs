@@ -17,8 +17,8 @@
 //!   of `x`, 16 lanes splitting a row of `W` (adjacent lanes read adjacent chunks), each
 //!   decoded chunk applied to every row of `x`; the partials meet in workgroup memory. For
 //!   decode on GPUs and for any product the others do not take.
-//! - the row kernel ([`qmatmul_rows`](super::qmatmul_rows)): an invocation owns 4 rows of `W`
-//!   and computes their partials itself, each decoded chunk applied to up to 4 rows of `x`,
+//! - the row kernel ([`qmatmul_rows`](super::qmatmul_rows)): an invocation owns 4 (or 8) rows
+//!   of `W` and computes their partials itself, each decoded chunk applied to up to 4 rows of `x`,
 //!   `x` and `W` read through uniform windows. For CPU adapters, whose storage loads and
 //!   barriers are costly; `x` must come from [`input_buffer`] (the decoder's activations do)
 //!   and `W` be a weight of 64 KiB or more ([`QWeight::has_windows`]).
@@ -362,7 +362,7 @@ fn row_groups(w: &QWeight, rows: usize) -> usize {
     };
     // Rows a window holds at least, whatever its offset's alignment (up to 256 bytes).
     let fit = (X_WINDOW_BYTES as usize / 4).saturating_sub(64) / row_words;
-    if rows == 1 && fit >= 2 * ROW_WG * W_ROWS * cpu_threads() {
+    if rows == 1 && fit >= group_rows(2) * cpu_threads() {
         2
     } else {
         1
@@ -525,7 +525,7 @@ fn weight_windows(ctx: &Context, w: &QWeight, groups: usize) -> Option<Vec<WSlic
             if fit == 0 {
                 return None;
             }
-            let count = whole_groups(fit, ROW_WG * W_ROWS * groups, threads).min(nr - r);
+            let count = whole_groups(fit, group_rows(groups), threads).min(nr - r);
             out.push(WSlice {
                 part,
                 window: Some(offset),
@@ -537,6 +537,12 @@ fn weight_windows(ctx: &Context, w: &QWeight, groups: usize) -> Option<Vec<WSlic
         }
     }
     Some(out)
+}
+
+/// Rows of `W` a workgroup of the row kernel owns with `groups` groups of 4 rows per
+/// invocation.
+fn group_rows(groups: usize) -> usize {
+    ROW_WG * W_ROWS * groups
 }
 
 /// Rows of `W` one window of the row kernel takes when `fit` fit: whole workgroups of `group`
@@ -614,6 +620,8 @@ pub fn prepare_qmatmul_mapped(
     fit(x_end)?;
     fit(y_end)?;
     let max_groups = ctx.caps().max_compute_workgroups_per_dimension as usize;
+    // Groups of 4 rows of W per invocation of the row kernel (its windows and constants).
+    let groups = row_groups(w, rows);
     // Rows of x and of W per workgroup, the most rows of x one dispatch takes, and the
     // kernel's constants.
     let (x_per_group, w_per_group, x_limit, constants) = match mapping {
@@ -632,10 +640,9 @@ pub fn prepare_qmatmul_mapped(
                     Window::max_rows(ctx, 1)
                 )));
             }
-            let groups = row_groups(w, rows);
             (
                 most,
-                ROW_WG * W_ROWS * groups,
+                group_rows(groups),
                 most,
                 row_constants(w.ty, rows, groups),
             )
@@ -654,7 +661,7 @@ pub fn prepare_qmatmul_mapped(
     // The rows of W each dispatch binds: whole parts, or for the row kernel windows of whole
     // rows.
     let w_slices = match mapping {
-        QMatmulMapping::Rows => weight_windows(ctx, w, row_groups(w, rows)).ok_or_else(|| {
+        QMatmulMapping::Rows => weight_windows(ctx, w, groups).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "qmatmul: the row kernel reads W through uniform windows of {X_WINDOW_BYTES} \
                  bytes: the weight must be uploaded on a CPU adapter, at least one window \
@@ -804,7 +811,7 @@ mod tests {
 
     #[test]
     fn row_kernel_windows_take_whole_workgroups_shared_by_the_threads() {
-        assert_eq!(ROW_WG * W_ROWS, 32);
+        assert_eq!((group_rows(1), group_rows(2)), (32, 64));
         // Q4_1 rows of 576 values: 182 fit a window; 4 workgroups, 2 for each of 2 threads.
         assert_eq!(whole_groups(182, 32, 2), 128);
         assert_eq!(whole_groups(182, 32, 1), 160);
