@@ -14,7 +14,7 @@ use kvattn::quant::KvDtype;
 use kvattn::shader::Precision;
 use kvattn::Error;
 
-use crate::common::{gpu, test_attention_kernel, Rng};
+use crate::common::{gpu, own_context, test_attention_kernel, Rng};
 
 /// The adapter `Context::new` would pick (same environment variables), opened with plain wgpu.
 fn app_adapter() -> wgpu::Adapter {
@@ -209,7 +209,9 @@ fn submission_errors_come_back_once_at_the_next_sync_point() {
 
 #[test]
 fn readbacks_wait_for_their_own_submission_and_reuse_their_staging() {
-    let ctx = gpu();
+    // A context of its own: the counters below must not see other tests' submissions (they
+    // did, with 8 test threads on a fast GPU).
+    let ctx = &own_context(None);
     let data: Vec<f32> = (0..300).map(|i| i as f32 * 0.5).collect();
     let buf = ctx.upload("data", &data).unwrap();
     assert_eq!(
