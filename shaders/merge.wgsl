@@ -77,7 +77,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         let dst = (q_base + r / GROUP) * params.num_q_heads + h;
         let nan = nan_f32();
-        out[dst * dv4 + c] = select(o * select(0.0, 1.0 / l, l > 0.0), vec4<f32>(nan), bad);
+        out[dst * dv4 + c] = select(o * softmax_inv_sum(l), vec4<f32>(nan), bad);
         if c == 0u {
             lse[dst] = select(softmax_lse(m, l), nan, bad);
         }

@@ -46,7 +46,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         o += wb * o_b[i];
     }
     let nan = nan_f32();
-    o_out[i] = select(o * select(0.0, 1.0 / l, l > 0.0), vec4<f32>(nan), bad);
+    o_out[i] = select(o * softmax_inv_sum(l), vec4<f32>(nan), bad);
     if i % dv4 == 0u {
         lse_out[r] = select(softmax_lse(m, l), nan, bad);
     }

@@ -465,7 +465,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
         let mt = row_m[t];
         let lt = row_l[t];
         let poisoned = row_bad[t] != 0u;
-        let o = comb[i] * (select(0.0, 1.0 / lt, lt > 0.0) * v_tensor);
+        let o = comb[i] * (softmax_inv_sum(lt) * v_tensor);
         o_part[(out_base + t) * dv4 + c] = select(o, vec4<f32>(nan), poisoned);
         if c == 0u {
             lse_part[out_base + t] = select(softmax_lse(mt, lt), nan, poisoned);

@@ -13,8 +13,9 @@
 //
 //   1 / sqrt(mean + eps) = 2^k / sqrt(mean(scaled^2) + eps * 2^2k).
 //
-// When eps * 2^2k >= 2^40 (tiny rows) the mean is negligible and the factor is 1 / sqrt(eps)
-// on the unscaled row. A row whose mean + eps is 0 (zeros, eps = 0) gives zeros.
+// When eps * 2^2k >= 2^40 (tiny rows; decided from the exponents, so 2^2k is never formed) the
+// mean is negligible and the factor is 1 / sqrt(eps) on the unscaled row. A row whose
+// mean + eps is 0 (zeros, eps = 0) gives zeros.
 
 struct RmsNormParams {
     // Rows in this dispatch.
@@ -37,8 +38,19 @@ struct RmsNormParams {
 
 // Invocations per workgroup: a power of two, the host's min(256, the device's limit).
 override WG: u32 = 256u;
-// 2^40: past this, eps * 2^2k dwarfs the scaled mean (< 16) by more than 2^36.
-const EPS_DOMINATES: f32 = 1099511627776.0;
+// log2 of 2^40: past this, eps * 2^2k dwarfs the scaled mean (< 16) by more than 2^36.
+const EPS_DOMINATES_LOG2: i32 = 40;
+
+// floor(log2(eps)) from its bits, subnormals included; -1000 for 0 (never "dominates").
+fn eps_log2(eps: f32) -> i32 {
+    let bits = bitcast<u32>(eps) & 0x7fffffffu;
+    let field = i32(bits >> 23u);
+    let man = bits & 0x7fffffu;
+    if bits == 0u {
+        return -1000;
+    }
+    return select(field - 127, i32(firstLeadingBit(man)) - 149, field == 0);
+}
 
 var<workgroup> partial: array<f32, WG>;
 
@@ -92,12 +104,18 @@ fn main(
     }
     let mean_scaled = partial[0] / f32(dim);
 
-    // Pass 3: the output.
+    // Pass 3: the output. No intermediate leaves f32's finite range: WGSL lets a compiler
+    // assume that none does, and one that does (2^2k, 1 / sqrt(0)) came out NaN on a real
+    // driver. So eps * 2^2k is judged by exponents before it is formed, and 0 is never the
+    // argument of inverseSqrt.
     let eps = params.eps;
-    let eps_scaled = eps * scale * scale;
-    let direct = eps > 0.0 && eps_scaled >= EPS_DOMINATES;
+    let direct = eps_log2(eps) + 2 * k >= EPS_DOMINATES_LOG2;
+    // Not direct: eps * 2^2k < 2^40, formed in two exact steps of 2^k (|k| <= 126, so each
+    // ldexp's exponent is in range).
+    let eps_scaled = select(ldexp(ldexp(eps, k), k), 0.0, direct);
     let d = mean_scaled + eps_scaled;
-    var factor = select(inverseSqrt(d), 0.0, d == 0.0);
+    let zero = d == 0.0;
+    var factor = select(inverseSqrt(select(d, 1.0, zero)), 0.0, zero);
     var pre = scale;
     if direct {
         factor = inverseSqrt(eps);

@@ -106,9 +106,16 @@ fn score_of(dot_qk: f32, scale: f32, softcap: f32, alibi: f32) -> Score {
     return Score(select(s, MASKED, masked), poison);
 }
 
-// Log-sum-exp of a row from its running max and sum; -inf when nothing was visible.
+// Log-sum-exp of a row from its running max and sum; -inf when nothing was visible. log(0) is
+// never formed: WGSL lets a compiler assume no intermediate is infinite, and a real driver
+// (NVIDIA, 2026-12-04) turned such a select over 1 / sqrt(0) into NaN in rms_norm.
 fn softmax_lse(m: f32, l: f32) -> f32 {
-    return select(neg_inf_f32(), m + log(l), l > 0.0);
+    return select(neg_inf_f32(), m + log(select(1.0, l, l > 0.0)), l > 0.0);
+}
+
+// 1 / l for a row's sum l > 0, else 0 (nothing visible), never forming 1 / 0.
+fn softmax_inv_sum(l: f32) -> f32 {
+    return select(0.0, 1.0 / select(1.0, l, l > 0.0), l > 0.0);
 }
 
 // A partial or merged state's lse as a merge weighs it: MASKED for -inf (no key) and for NaN

@@ -32,15 +32,17 @@ fn positive(what: &str, v: usize) -> Result<()> {
 /// `mean + eps` is 0 (a row of zeros with `eps = 0`) gives zeros rather than `0 / 0`.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] when `rows` or `dim` is 0 or `eps` is negative or not finite;
+/// [`Error::InvalidArgument`] when `rows` or `dim` is 0 or `eps` is negative, subnormal (the GPU
+/// kernel refuses those too: drivers may flush them) or not finite;
 /// [`Error::ShapeMismatch`] when `x` or `weight` does not hold exactly `rows * dim` / `dim`
 /// values.
 pub fn rms_norm(x: &[f32], weight: &[f32], rows: usize, dim: usize, eps: f32) -> Result<Vec<f32>> {
     positive("rms_norm rows", rows)?;
     positive("rms_norm dim", dim)?;
-    if !eps.is_finite() || eps < 0.0 {
+    if !eps.is_finite() || eps < 0.0 || (eps != 0.0 && !eps.is_normal()) {
         return Err(Error::InvalidArgument(format!(
-            "rms_norm eps {eps} must be finite and >= 0"
+            "rms_norm eps {eps} must be 0 or a finite, normal f32 >= {:e}",
+            f32::MIN_POSITIVE
         )));
     }
     let elems = rows

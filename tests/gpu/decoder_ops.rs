@@ -252,8 +252,17 @@ fn rms_norm_rejects_bad_input() {
     let plain = uniform_buffer(ctx);
     assert_invalid("rows 0", rms_norm(ctx, 0, 16, 1e-5, &x, &w, &out));
     assert_invalid("dim 0", rms_norm(ctx, 4, 0, 1e-5, &x, &w, &out));
-    for eps in [-1e-6f32, f32::NAN, f32::INFINITY, -0.5] {
+    // Subnormal eps too: a driver that flushes subnormals would see 0.
+    for eps in [
+        -1e-6f32,
+        f32::NAN,
+        f32::INFINITY,
+        -0.5,
+        1e-40,
+        f32::from_bits(1),
+    ] {
         assert_invalid("eps", rms_norm(ctx, 4, 16, eps, &x, &w, &out));
+        assert!(reference::rms_norm(&[1.0; 64], &[1.0; 16], 4, 16, eps).is_err());
     }
     assert_invalid("huge dim", rms_norm(ctx, 1, 1 << 33, 1e-5, &x, &w, &out));
     assert_invalid(

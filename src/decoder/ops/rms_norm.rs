@@ -102,9 +102,11 @@ pub fn prepare_rms_norm(ctx: &Context, args: &RmsNormArgs<'_>) -> Result<Prepare
         out,
     } = *args;
     check_positive("rms_norm", &[("rows", rows), ("dim", dim)])?;
-    if !eps.is_finite() || eps < 0.0 {
+    if !eps.is_finite() || eps < 0.0 || (eps != 0.0 && !eps.is_normal()) {
         return Err(Error::InvalidArgument(format!(
-            "rms_norm: eps {eps} must be finite and >= 0"
+            "rms_norm: eps {eps} must be 0 or a finite, normal f32 >= {:e} (drivers may flush \
+             subnormals)",
+            f32::MIN_POSITIVE
         )));
     }
     let elems = mul("rms_norm rows * dim", rows, dim)?;
@@ -177,13 +179,14 @@ pub fn encode_rms_norm(
 
 /// RMSNorm of `rows` rows of `dim` values: `x` holds `[rows, dim]` f32 values, `weight`
 /// `[dim]`, and the first `rows * dim` values of `out` are written (the rest is not touched).
-/// `eps` must be finite and `>= 0` (Llama uses `1e-5` or `1e-6`). `out` must be a buffer other
+/// `eps` must be 0 or a finite normal f32 (at least `f32::MIN_POSITIVE`; Llama uses `1e-5` or
+/// `1e-6`): drivers may flush a subnormal `eps` to 0. `out` must be a buffer other
 /// than `x` and `weight`. Rows are processed in slices when `x` or `out` exceeds one storage
 /// binding (one submission).
 ///
 /// # Errors
 /// Everything is checked before anything is dispatched: [`Error::InvalidArgument`] when `rows`
-/// or `dim` is 0 or does not fit a u32, `rows * dim` overflows, `eps` is negative or not finite,
+/// or `dim` is 0 or does not fit a u32, `rows * dim` overflows, `eps` is negative, subnormal or not finite,
 /// a buffer lacks `STORAGE` usage, or `out` is `x` or `weight`; [`Error::ShapeMismatch`] when a
 /// buffer holds fewer values than the shape needs; [`Error::TooLarge`] when one row exceeds a
 /// storage binding; [`Error::Wgpu`] or [`Error::Shader`] from wgpu.
