@@ -33,8 +33,9 @@ pub struct ContextOptions {
     /// [`AttentionKernel::Workgroup`] on GPUs.
     pub attention_kernel: Option<AttentionKernel>,
     /// Lanes of the workgroup attention kernel that share one key row (a power of two from 1
-    /// to 32); `None` lets each plan choose from the row size and the subgroup size. A tuning
-    /// and testing knob: results are bitwise reproducible only for one lane count.
+    /// to 32); `None` means `KVATTN_KEY_LANES` when set, else each plan chooses from the row size
+    /// and the subgroup size. A tuning and testing knob: results are bitwise reproducible only
+    /// for one lane count.
     pub key_lanes: Option<u32>,
 }
 
@@ -75,6 +76,21 @@ impl std::str::FromStr for AttentionKernel {
                 "unknown attention kernel {other:?} (workgroup or lanes)"
             ))),
         }
+    }
+}
+
+/// `KVATTN_KEY_LANES` (a tuning knob, like [`ContextOptions::key_lanes`]): `None` when unset.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when it is set but not a number (the plan checks the value).
+fn key_lanes_from_env() -> Result<Option<u32>> {
+    match std::env::var("KVATTN_KEY_LANES") {
+        Ok(s) => s.trim().parse().map(Some).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "KVATTN_KEY_LANES {s:?}: a power of two from 1 to 32"
+            ))
+        }),
+        Err(_) => Ok(None),
     }
 }
 
@@ -516,7 +532,10 @@ impl Context {
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             attention_kernel,
-            key_lanes: opts.key_lanes,
+            key_lanes: match opts.key_lanes {
+                Some(lanes) => Some(lanes),
+                None => key_lanes_from_env()?,
+            },
             f16_in_f32: downlevel
                 .flags
                 .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32),
