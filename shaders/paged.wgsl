@@ -83,6 +83,14 @@ const MAX_QREG: u32 = 32u;
 const MAX_AREG: u32 = 32u;
 // Chunks of a K row per lane at most (CHK QK <= MAX_QREG).
 const MAX_CHK: u32 = 32u;
+// Keys whose rows a lane loads together before using them (the paired key loops): two loads in
+// flight where there was one, for a few more registers. The same values meet the same arithmetic
+// in the same order, so the bits are those of one key at a time. On an H200 (Vulkan) pairs made
+// f16 decode at tiles of 1 and 4 rows 10 to 18% faster, left int8 and FP8 as they were, and
+// made int4 (+43%) and tiles of 8 rows (prefill, +20%) slower, whose registers they crowd: so
+// they are taken for tiles of at most 4 rows without int4 (docs/gpu/h200-2026-12-04).
+const PAIR: u32 = 2u;
+override PAIRED: bool = KEY_STEP > 1u && TILE <= 4u && K_DTYPE != KV_INT4 && V_DTYPE != KV_INT4;
 
 // Each group's running max, sum and poisoned flag per row, then the combined output rows.
 override GROUP_ROWS: u32 = NG * TILE;
@@ -234,9 +242,56 @@ fn attend(wid: vec3<u32>, tid: u32) {
         let first = base + s * span + grp;
 
         // 1. Each key's dot products with every row: this lane's part, then the whole sums (the
-        // same in every lane of the group), kept by the key's owner.
+        // same in every lane of the group), kept by the key's owner. With PAIRED, PAIR keys at a
+        // time: their rows are loaded (an out-of-range key reads the nearest key's row, whose dot
+        // products are then replaced by 0, as a skipped key's are), then used in key order.
         var own_dots: array<f32, MAX_TILE>;
-        for (var k = 0u; k < KEY_STEP; k++) {
+        for (var k = 0u; PAIRED && k < KEY_STEP; k += PAIR) {
+            var live: array<bool, PAIR>;
+            var kat: array<vec2<u32>, PAIR>;
+            var kw: array<vec4<u32>, PAIR * MAX_CHK>;
+            var kg: array<vec2<f32>, PAIR * MAX_CHK>;
+            var ks: array<f32, PAIR>;
+            for (var e = 0u; e < PAIR; e++) { // @unroll
+                let j = first + (k + e) * NG;
+                live[e] = j >= it.key_start && j < it.key_end;
+                kat[e] = key_at(it, kv_head, clamp(j, it.key_start, it.key_end - 1u));
+            }
+            for (var e = 0u; e < PAIR; e++) { // @unroll
+                for (var c = 0u; c < CHK; c++) { // @unroll
+                    let ci = lane + c * KEY_LANES;
+                    if ci < K_CH {
+                        kw[e * MAX_CHK + c] = pool_chunk(kat[e].x, kat[e].y, ci);
+                        kg[e * MAX_CHK + c] = chunk_group(kat[e].x, kat[e].y, ci);
+                    }
+                }
+                ks[e] = kv_row_scale(kat[e].x, kat[e].y);
+            }
+            for (var e = 0u; e < PAIR; e++) { // @unroll
+                var d: array<f32, MAX_TILE>;
+                for (var c = 0u; c < CHK; c++) { // @unroll
+                    let ci = lane + c * KEY_LANES;
+                    if ci < K_CH {
+                        for (var p = 0u; p < QK; p++) { // @unroll
+                            let kq = vec4<f32>(real4(kv_quad_of(K_DTYPE, kw[e * MAX_CHK + c], p,
+                                kg[e * MAX_CHK + c])));
+                            for (var t = 0u; t < TILE; t++) { // @unroll
+                                d[t] = dot_fma(qreg[(t * CHK + c) * QK + p], kq, d[t]);
+                            }
+                        }
+                    }
+                }
+                for (var t = 0u; t < TILE; t++) { // @unroll
+                    d[t] = select(0.0, d[t] * ks[e], live[e]);
+                }
+                let dots = lanes_sum_rows(d);
+                let mine = own == k + e;
+                for (var t = 0u; t < TILE; t++) { // @unroll
+                    own_dots[t] = select(own_dots[t], dots[t], mine);
+                }
+            }
+        }
+        for (var k = 0u; !PAIRED && k < KEY_STEP; k++) {
             let j = first + k * NG;
             var d: array<f32, MAX_TILE>;
             if j >= it.key_start && j < it.key_end {
@@ -344,7 +399,55 @@ fn attend(wid: vec3<u32>, tid: u32) {
         if KEY_STEP > 1u {
             lanes_share_rows(pv);
         }
-        for (var k = 0u; k < KEY_STEP; k++) {
+        for (var k = 0u; PAIRED && k < KEY_STEP; k += PAIR) {
+            // PAIR keys at a time, as in step 1: both rows loaded where either is weighed (an
+            // unweighed one of the two, or one past the range, reads a valid row never used).
+            var pk: array<array<f32, MAX_TILE>, PAIR>;
+            var weighed: array<bool, PAIR>;
+            for (var e = 0u; e < PAIR; e++) { // @unroll
+                pk[e] = lanes_shared_rows(k + e);
+                weighed[e] = false;
+                for (var t = 0u; t < TILE; t++) { // @unroll
+                    weighed[e] = weighed[e] || bits_nonzero(pk[e][t]);
+                }
+            }
+            if weighed[0] || weighed[1] {
+                var vw: array<vec4<u32>, PAIR * MAX_CHK>;
+                var vg: array<vec2<f32>, PAIR * MAX_CHK>;
+                for (var e = 0u; e < PAIR; e++) { // @unroll
+                    let j = clamp(first + (k + e) * NG, it.key_start, it.key_end - 1u);
+                    let vat = key_at(it, kv_head, j);
+                    let vpk = vat.x + value_pool();
+                    for (var c = 0u; c < CHV; c++) { // @unroll
+                        let ci = lane + c * KEY_LANES;
+                        if ci < V_CH {
+                            vw[e * MAX_CHK + c] = pool_chunk(vpk, vat.y, ci);
+                            vg[e * MAX_CHK + c] = chunk_group(vpk, vat.y, ci);
+                        }
+                    }
+                }
+                for (var e = 0u; e < PAIR; e++) { // @unroll
+                    if weighed[e] {
+                        for (var c = 0u; c < CHV; c++) { // @unroll
+                            let ci = lane + c * KEY_LANES;
+                            if ci < V_CH {
+                                for (var p = 0u; p < QV; p++) { // @unroll
+                                    let v = vec4<f32>(real4(kv_quad_of(v_dtype, vw[e * MAX_CHK + c],
+                                        p, vg[e * MAX_CHK + c])));
+                                    for (var t = 0u; t < TILE; t++) { // @unroll
+                                        let a = (t * CHV + c) * QV + p;
+                                        if bits_nonzero(pk[e][t]) {
+                                            acc[a] = fma(vec4<f32>(pk[e][t]), v, acc[a]);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (var k = 0u; !PAIRED && k < KEY_STEP; k++) {
             var pk = pv;
             if KEY_STEP > 1u {
                 pk = lanes_shared_rows(k);

@@ -296,8 +296,9 @@ impl PagedShape {
     }
 
     /// The bounds of the `@unroll` loops by name.
-    fn bounds(&self) -> [(&'static str, u32); 8] {
+    fn bounds(&self) -> [(&'static str, u32); 9] {
         [
+            ("PAIR", 2),
             ("TILE", u32::from(self.tile)),
             ("ROW_QUADS", u32::from(self.tile).div_ceil(4)),
             ("CHK", u32::from(self.k.0)),
