@@ -88,9 +88,12 @@ const MAX_CHK: u32 = 32u;
 // in the same order, so the bits are those of one key at a time. On an H200 (Vulkan) pairs made
 // f16 decode at tiles of 1 and 4 rows 10 to 18% faster, left int8 and FP8 as they were, and
 // made int4 (+43%) and tiles of 8 rows (prefill, +20%) slower, whose registers they crowd: so
-// they are taken for tiles of at most 4 rows without int4 (docs/gpu/h200-2026-12-04).
+// they are taken for tiles of at most 4 rows without int4 (docs/gpu/h200-2026-12-04), where the
+// host allows (PAIRS: GPUs by default; on lavapipe pairs measured slower).
 const PAIR: u32 = 2u;
-override PAIRED: bool = KEY_STEP > 1u && TILE <= 4u && K_DTYPE != KV_INT4 && V_DTYPE != KV_INT4;
+override PAIRS: bool = true;
+override PAIRED: bool = PAIRS && KEY_STEP > 1u && TILE <= 4u && K_DTYPE != KV_INT4
+    && V_DTYPE != KV_INT4;
 
 // Each group's running max, sum and poisoned flag per row, then the combined output rows.
 override GROUP_ROWS: u32 = NG * TILE;

@@ -94,6 +94,8 @@ pub struct DeviceFit {
     /// The adapter runs on the CPU ([`crate::gpu::Capabilities::cpu_adapter`]): tiles may
     /// reach 8 rows past the register budget.
     pub cpu: bool,
+    /// Keys two at a time where the tile allows ([`crate::gpu::Capabilities::key_pairs`]).
+    pub pairs: bool,
 }
 
 impl DeviceFit {
@@ -106,6 +108,7 @@ impl DeviceFit {
         storage_buffers: 8,
         key_lanes: None,
         cpu: false,
+        pairs: true,
     };
 
     /// The fit of `ctx`'s device.
@@ -119,6 +122,7 @@ impl DeviceFit {
             storage_buffers: caps.max_storage_buffers_per_shader_stage,
             key_lanes: caps.key_lanes,
             cpu: caps.cpu_adapter,
+            pairs: caps.key_pairs,
         }
     }
 
@@ -156,6 +160,9 @@ pub struct WorkgroupLayout {
     pub columns: [u32; 3],
     /// The largest tile of rows the registers and workgroup memory take.
     pub full_tile: usize,
+    /// A step's keys are taken two at a time where the tile allows (`PAIRS`; the kernel does so
+    /// for tiles of at most 4 rows without int4, `PAIRED`). The bits are the same either way.
+    pub pairs: bool,
 }
 
 impl WorkgroupLayout {
@@ -263,6 +270,7 @@ impl WorkgroupLayout {
                     chunks,
                     columns,
                     full_tile,
+                    pairs: fit.pairs,
                 });
             }
             if wg <= key_lanes {
@@ -294,7 +302,7 @@ impl WorkgroupLayout {
     }
 
     /// Names of the override constants of a layout.
-    const LAYOUT_NAMES: [&'static str; 10] = [
+    const LAYOUT_NAMES: [&'static str; 11] = [
         "WG",
         "KEY_LANES",
         "KEY_STEP",
@@ -305,11 +313,12 @@ impl WorkgroupLayout {
         "QK",
         "QV",
         "QR",
+        "PAIRS",
     ];
 
     /// The override constants of this layout (beside the shape's and formats'), named as
     /// [`Self::LAYOUT_NAMES`].
-    fn constants(&self) -> [(&'static str, f64); 10] {
+    fn constants(&self) -> [(&'static str, f64); 11] {
         [
             ("WG", f64::from(self.wg)),
             ("KEY_LANES", f64::from(self.key_lanes)),
@@ -321,6 +330,7 @@ impl WorkgroupLayout {
             ("QK", f64::from(self.columns[0])),
             ("QV", f64::from(self.columns[1])),
             ("QR", f64::from(self.columns[2])),
+            ("PAIRS", f64::from(u8::from(self.pairs))),
         ]
     }
 }
@@ -507,7 +517,8 @@ pub fn representative_constants(_precision: Precision) -> Vec<Vec<(&'static str,
 
 /// The constants of the workgroup kernel for `shape` over pools `k` and `v` as a device would
 /// plan them within WebGPU's baseline limits (the portable sums' memory included, as the naga
-/// tests check every variant with every set): lanes chosen for even `i`, 8 forced for odd `i`.
+/// tests check every variant with every set): lanes chosen and keys two at a time for even `i`,
+/// 8 lanes forced and keys one at a time for odd `i`.
 fn workgroup_set(
     shape: &AttentionShape,
     k: PoolLayout,
@@ -531,8 +542,10 @@ fn workgroup_set(
         per_buffer: false,
         mla,
     };
-    let layout = WorkgroupLayout::new(shape, &geometry, &fit)
+    let mut layout = WorkgroupLayout::new(shape, &geometry, &fit)
         .expect("the representative shapes fit the baseline limits");
+    // Keys two at a time (a GPU's default) for even `i`, one at a time for odd `i`.
+    layout.pairs = i % 2 == 0;
     constants(shape, layout.full_tile, &k, &v, mla, Some(&layout))
 }
 
@@ -811,6 +824,7 @@ mod tests {
             storage_buffers: 1_000_000,
             key_lanes: None,
             cpu: false,
+            pairs: true,
         };
         // Pool slots: what the storage bindings leave, from 1 to MAX_POOL_SLOTS.
         assert_eq!(gpu.pool_slots(1), MAX_POOL_SLOTS);

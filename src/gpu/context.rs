@@ -37,6 +37,11 @@ pub struct ContextOptions {
     /// and the subgroup size. A tuning and testing knob: results are bitwise reproducible only
     /// for one lane count.
     pub key_lanes: Option<u32>,
+    /// Whether the workgroup attention kernel takes a step's keys two at a time where its tile
+    /// allows (see [`WorkgroupLayout`](crate::attention::paged::WorkgroupLayout)); `None`: on
+    /// GPUs, not on CPU-backed adapters (where it measured slower). The bits are the same
+    /// either way: a testing and tuning knob.
+    pub key_pairs: Option<bool>,
 }
 
 /// The two implementations of paged attention: the same plan, partial states and merge, and
@@ -160,6 +165,9 @@ pub struct Capabilities {
     /// Lanes per key row the workgroup attention kernel is forced to (see
     /// [`ContextOptions::key_lanes`]).
     pub key_lanes: Option<u32>,
+    /// Whether the workgroup attention kernel takes keys two at a time where its tile allows
+    /// (see [`ContextOptions::key_pairs`]).
+    pub key_pairs: bool,
     /// Shaders may use `unpack2x16float` and friends
     /// ([`wgpu::DownlevelFlags::SHADER_F16_IN_F32`]).
     pub f16_in_f32: bool,
@@ -536,6 +544,9 @@ impl Context {
                 Some(lanes) => Some(lanes),
                 None => key_lanes_from_env()?,
             },
+            key_pairs: opts
+                .key_pairs
+                .unwrap_or(info.device_type != wgpu::DeviceType::Cpu),
             f16_in_f32: downlevel
                 .flags
                 .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32),

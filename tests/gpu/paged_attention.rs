@@ -728,6 +728,62 @@ fn subgroup_and_portable_reductions_agree() {
 }
 
 #[test]
+fn keys_two_at_a_time_give_the_bits_of_one_at_a_time() {
+    // The workgroup kernel takes a step's keys two at a time (ContextOptions::key_pairs, a GPU's
+    // default) in tiles of at most 4 rows without int4: both keys' rows are loaded, then used in
+    // key order, with the arithmetic of one key at a time. So both forms give the same bits:
+    // a decode batch (tiles of one token's 4 query heads, which take pairs), a prefill batch
+    // (tiles of 8 rows, one key at a time either way), lengths that leave a pair half past a
+    // split's keys, 16-bit and 8-bit formats, and int4 (one key at a time either way).
+    let shape = AttentionShape {
+        num_q_heads: 8,
+        num_kv_heads: 2,
+        head_dim_qk: 128,
+        head_dim_v: 128,
+    };
+    let decode = HostBatch::new(shape, &[(700, 1), (1000, 1), (5, 1), (97, 1)], 37);
+    let prefill = HostBatch::new(shape, &[(97, 20), (1000, 3), (16, 16)], 38);
+    let opts = AttentionOptions::default();
+    let context = |pairs| {
+        Context::with_options(&ContextOptions {
+            key_pairs: Some(pairs),
+            attention_kernel: Some(AttentionKernel::Workgroup),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let (on, off) = (context(true), context(false));
+    assert!(on.caps().key_pairs && !off.caps().key_pairs);
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let dtypes = [
+        KvDtype::F16,
+        KvDtype::Bf16,
+        KvDtype::Fp8E4M3,
+        KvDtype::Int8,
+        KvDtype::Int4,
+    ];
+    for (name, b) in [("decode", &decode), ("prefill", &prefill)] {
+        for dtype in dtypes {
+            let attend = |ctx: &Context| {
+                let cache = b.cache(ctx, dtype, 16);
+                run(ctx, &cache, b, &opts, Precision::F32)
+            };
+            let (paired, single) = (attend(&on), attend(&off));
+            let what = format!("{name}, {dtype:?}");
+            check(
+                &format!("{what}, keys two at a time"),
+                Precision::F32,
+                &paired,
+                &b.reference(dtype, &opts),
+                None,
+            );
+            assert_eq!(bits(&paired.out), bits(&single.out), "{what}: outputs");
+            assert_eq!(bits(&paired.lse), bits(&single.lse), "{what}: lse");
+        }
+    }
+}
+
+#[test]
 fn cascade_prefix_pass_merged_with_suffix_pass_equals_full_attention() {
     // Two requests share a 300-token prefix. Cascade: every query attends once to the prefix
     // (one non-causal pass over the prefix sequence), once to its own suffix (causal), and the
