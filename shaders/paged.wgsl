@@ -407,14 +407,16 @@ fn attend(wid: vec3<u32>, tid: u32) {
             // unweighed one of the two, or one past the range, reads a valid row never used).
             var pk: array<array<f32, MAX_TILE>, PAIR>;
             var weighed: array<bool, PAIR>;
+            var any_weighed = false;
             for (var e = 0u; e < PAIR; e++) { // @unroll
                 pk[e] = lanes_shared_rows(k + e);
                 weighed[e] = false;
                 for (var t = 0u; t < TILE; t++) { // @unroll
                     weighed[e] = weighed[e] || bits_nonzero(pk[e][t]);
                 }
+                any_weighed = any_weighed || weighed[e];
             }
-            if weighed[0] || weighed[1] {
+            if any_weighed {
                 var vw: array<vec4<u32>, PAIR * MAX_CHK>;
                 var vg: array<vec2<f32>, PAIR * MAX_CHK>;
                 for (var e = 0u; e < PAIR; e++) { // @unroll

@@ -111,8 +111,10 @@ fn main(
     let eps = params.eps;
     let direct = eps_log2(eps) + 2 * k >= EPS_DOMINATES_LOG2;
     // Not direct: eps * 2^2k < 2^40, formed in two exact steps of 2^k (|k| <= 126, so each
-    // ldexp's exponent is in range).
-    let eps_scaled = select(ldexp(ldexp(eps, k), k), 0.0, direct);
+    // ldexp's exponent is in range, and neither step leaves f32's range). Direct: steps of 2^0,
+    // since a select evaluates both sides and eps * 2^k may overflow there.
+    let ke = select(k, 0, direct);
+    let eps_scaled = select(ldexp(ldexp(eps, ke), ke), 0.0, direct);
     let d = mean_scaled + eps_scaled;
     let zero = d == 0.0;
     var factor = select(inverseSqrt(select(d, 1.0, zero)), 0.0, zero);
