@@ -28,13 +28,12 @@ fn kv_quad_of(dtype: u32, wv: vec4<u32>, i: u32, sm: vec2<f32>) -> vec4<f32> {
             return vec4<f32>(kv_fp8_e5m2(b.x), kv_fp8_e5m2(b.y), kv_fp8_e5m2(b.z), kv_fp8_e5m2(b.w));
         }
         case KV_INT8: {
-            let top = vec4<u32>(wv[i]) << vec4<u32>(24u, 16u, 8u, 0u);
-            return vec4<f32>(bitcast<vec4<i32>>(top) >> vec4<u32>(24u));
+            return kv_int8x4(wv[i]);
         }
         case KV_INT4: {
             let w = wv[i / 2u] >> ((i & 1u) * 16u);
             let q = (vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u);
-            return fma(vec4<f32>(q), vec4<f32>(sm.x), vec4<f32>(sm.y));
+            return fma(kv_small_f32x4(q), vec4<f32>(sm.x), vec4<f32>(sm.y));
         }
         default: {
             return vec4<f32>(0.0);

@@ -31,13 +31,35 @@ fn kv_f16_to_f32_bits(h: u32) -> u32 {
     let m = h & 0x3ffu;
     // Normal: exponent field rebiased from 15 to 127.
     let normal = (em << 13u) + (112u << 23u);
-    // Subnormal (or zero) m * 2^-24: an exact int-to-float conversion and power-of-two multiply
-    // whose result is a normal f32, so no driver's subnormal flushing can touch it.
-    let sub = bitcast<u32>(f32(m) * 0x1p-24f);
+    // Subnormal (or zero) m * 2^-24, as (2^-14 + m 2^-24) - 2^-14: two normal f32 whose
+    // difference is exact (kv_sub_normal), so no driver's subnormal flushing can touch it.
+    let sub = kv_sub_normal(113u, m << 13u);
     var bits = select(normal, sub, em < 0x400u);
     bits = select(bits, 0x7f800000u, em == 0x7c00u);
     bits = select(bits, 0x7fc00000u | (m << 13u), em > 0x7c00u);
     return sign | bits;
+}
+
+// The bits of 2^(e - 127) mant / 2^23 (mant < 2^23): the normal f32 of exponent field e and
+// mantissa field `mant`, less 2^(e - 127), an exact subtraction (Sterbenz) of normal numbers.
+// The decoders take their subnormal codes' values so rather than by an int-to-float conversion,
+// a quarter-rate instruction on some GPUs (NVIDIA's among them).
+fn kv_sub_normal(e: u32, mant: u32) -> u32 {
+    return bitcast<u32>(bitcast<f32>((e << 23u) | mant) - bitcast<f32>(e << 23u));
+}
+
+// Integers below 2^23 as f32, exactly, without an int-to-float conversion: each placed in the
+// mantissa of 2^23, then 2^23 subtracted.
+fn kv_small_f32x4(u: vec4<u32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(u | vec4<u32>(0x4b000000u)) - vec4<f32>(8388608.0);
+}
+
+// The four two's complement int8 codes of a word, element 4i in the low byte, exactly: each
+// byte's sign bit flipped (the code plus 128, 0 to 255), placed in the mantissa of 2^23, then
+// 2^23 + 128 subtracted. No int-to-float conversion (see kv_small_f32x4).
+fn kv_int8x4(w: u32) -> vec4<f32> {
+    let u = (vec4<u32>(w ^ 0x80808080u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);
+    return bitcast<vec4<f32>>(u | vec4<u32>(0x4b000000u)) - vec4<f32>(8388736.0);
 }
 
 // kv_f16_to_f32_bits as a value.
@@ -63,7 +85,7 @@ fn kv_fp8_e4m3(b: u32) -> f32 {
     // Normal: exponent field rebiased from 7 to 127.
     let normal = (em << 20u) + (120u << 23u);
     // Subnormal (or zero) m * 2^-9, exact and normal in f32 (see kv_f16_to_f32_bits).
-    let sub = bitcast<u32>(f32(m) * 0x1p-9f);
+    let sub = kv_sub_normal(121u, m << 20u);
     var bits = select(normal, sub, em < 8u);
     bits = select(bits, 0x7fc00000u, em == 0x7fu);
     return bitcast<f32>(sign | bits);
@@ -76,7 +98,7 @@ fn kv_fp8_e5m2(b: u32) -> f32 {
     let m = b & 3u;
     let normal = (em << 21u) + (112u << 23u);
     // Subnormal (or zero) m * 2^-16, exact and normal in f32.
-    let sub = bitcast<u32>(f32(m) * 0x1p-16f);
+    let sub = kv_sub_normal(113u, m << 21u);
     var bits = select(normal, sub, em < 4u);
     bits = select(bits, 0x7f800000u, em == 0x7cu);
     bits = select(bits, 0x7fc00000u, em > 0x7cu);
@@ -85,7 +107,7 @@ fn kv_fp8_e5m2(b: u32) -> f32 {
 
 // Two's complement int8 code (low 8 bits of b).
 fn kv_int8(b: u32) -> f32 {
-    return f32(bitcast<i32>(b << 24u) >> 24u);
+    return kv_int8x4(b).x;
 }
 
 // The four bytes of a word, element 4i in the low byte.

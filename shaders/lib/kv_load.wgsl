@@ -146,10 +146,7 @@ fn kv_load4_codes(which: u32, row: u32, c4: u32) -> vec4<f32> {
             r = vec4<f32>(kv_fp8_e5m2(b.x), kv_fp8_e5m2(b.y), kv_fp8_e5m2(b.z), kv_fp8_e5m2(b.w));
         }
         case KV_INT8: {
-            let w = kv_word(which, base + c4);
-            // Sign-extend each byte: move it to the top, arithmetic shift back down.
-            let top = vec4<u32>(w) << vec4<u32>(24u, 16u, 8u, 0u);
-            r = vec4<f32>(bitcast<vec4<i32>>(top) >> vec4<u32>(24u));
+            r = kv_int8x4(kv_word(which, base + c4));
         }
         case KV_INT4: {
             r = kv_int4_load4(which, row, c4, kv_int4_group(which, row, c4 / 8u));
@@ -171,7 +168,7 @@ fn kv_int4_load4(which: u32, row: u32, c4: u32, sm: vec2<f32>) -> vec4<f32> {
     // Eight codes per word: values c4 * 4 .. + 3 are one half of word c4 / 2.
     let w = kv_word(which, kv_row_base(which, row) + c4 / 2u) >> ((c4 & 1u) * 16u);
     let q = (vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u);
-    return fma(vec4<f32>(q), vec4<f32>(sm.x), vec4<f32>(sm.y));
+    return fma(kv_small_f32x4(q), vec4<f32>(sm.x), vec4<f32>(sm.y));
 }
 
 // Values c4 * 4 .. c4 * 4 + 3 of row `row`, decoded exactly as the CPU codec does.
