@@ -244,19 +244,23 @@ fn attend(wid: vec3<u32>, tid: u32) {
     for (var s = 0u; s < steps; s++) {
         let first = base + s * span + grp;
 
-        // 1. Each key's dot products with every row: this lane's part, then the whole sums (the
-        // same in every lane of the group), kept by the key's owner. With PAIRED, PAIR keys at a
-        // time: their rows are loaded (an out-of-range key reads the nearest key's row, whose dot
-        // products are then replaced by 0, as a skipped key's are), then used in key order.
+        // 1. Each key's dot products with every row: this lane's part, then the whole sums, kept
+        // by the key's owner. With PAIRED, PAIR keys at a time, k and k + KEY_STEP / 2: their
+        // rows are loaded (an out-of-range key reads the nearest key's row, whose dot products
+        // are then replaced by 0, as a skipped key's are), their dot products computed, then
+        // summed together (lanes_sum_pair: each lane gets the sums of the one of the two keys
+        // its half of the group may own, with half the exchanges of two lanes_sum_rows and
+        // their bits).
         var own_dots: array<f32, MAX_TILE>;
-        for (var k = 0u; PAIRED && k < KEY_STEP; k += PAIR) {
+        let pair_gap = max(KEY_STEP / PAIR, 1u);
+        for (var k = 0u; PAIRED && k < pair_gap; k++) {
             var live: array<bool, PAIR>;
             var kat: array<vec2<u32>, PAIR>;
             var kw: array<vec4<u32>, PAIR * MAX_CHK>;
             var kg: array<vec2<f32>, PAIR * MAX_CHK>;
             var ks: array<f32, PAIR>;
             for (var e = 0u; e < PAIR; e++) { // @unroll
-                let j = first + (k + e) * NG;
+                let j = first + (k + e * pair_gap) * NG;
                 live[e] = j >= it.key_start && j < it.key_end;
                 kat[e] = key_at(it, kv_head, clamp(j, it.key_start, it.key_end - 1u));
             }
@@ -270,6 +274,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 }
                 ks[e] = kv_row_scale(kat[e].x, kat[e].y);
             }
+            var dd: array<array<f32, MAX_TILE>, PAIR>;
             for (var e = 0u; e < PAIR; e++) { // @unroll
                 var d: array<f32, MAX_TILE>;
                 for (var c = 0u; c < CHK; c++) { // @unroll
@@ -285,13 +290,13 @@ fn attend(wid: vec3<u32>, tid: u32) {
                     }
                 }
                 for (var t = 0u; t < TILE; t++) { // @unroll
-                    d[t] = select(0.0, d[t] * ks[e], live[e]);
+                    dd[e][t] = select(0.0, d[t] * ks[e], live[e]);
                 }
-                let dots = lanes_sum_rows(d);
-                let mine = own == k + e;
-                for (var t = 0u; t < TILE; t++) { // @unroll
-                    own_dots[t] = select(own_dots[t], dots[t], mine);
-                }
+            }
+            let dots = lanes_sum_pair(dd[0], dd[1]);
+            let mine = own % pair_gap == k;
+            for (var t = 0u; t < TILE; t++) { // @unroll
+                own_dots[t] = select(own_dots[t], dots[t], mine);
             }
         }
         for (var k = 0u; !PAIRED && k < KEY_STEP; k++) {

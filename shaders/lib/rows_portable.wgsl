@@ -50,6 +50,20 @@ fn lanes_sum_rows(d: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
     return out;
 }
 
+// lanes_sum_rows(d0) in the lanes of the group's lower half (below KEY_LANES / 2),
+// lanes_sum_rows(d1) in the upper half (rows_subgroup.wgsl exchanges less for the same bits).
+// Must be called in uniform control flow (it has barriers).
+fn lanes_sum_pair(d0: array<f32, MAX_TILE>, d1: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
+    let s0 = lanes_sum_rows(d0);
+    let s1 = lanes_sum_rows(d1);
+    let upper = (local_tid % KEY_LANES & (KEY_LANES / 2u)) != 0u;
+    var out: array<f32, MAX_TILE>;
+    for (var t = 0u; t < TILE; t++) { // @unroll
+        out[t] = select(s0[t], s1[t], upper);
+    }
+    return out;
+}
+
 // Each row's max of x over the group's lanes (exact in any order), the same in every lane.
 // Must be called in uniform control flow (it has a barrier).
 fn lanes_max_rows(x: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {

@@ -37,6 +37,37 @@ fn lanes_sum_rows(d: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
     return out;
 }
 
+// The sums over the group's lanes of two keys' partial dot products, d0 of key a and d1 of key
+// a + KEY_LANES / 2: lanes_sum_rows(d0) in the lanes of the group's lower half, lanes_sum_rows(d1)
+// in the upper half, bit for bit. The first butterfly step pairs lane i with i + KEY_LANES / 2,
+// one in each half: each sends the other the key it does not keep (one exchange where two sums
+// took two), then the halves run the other steps on the key they keep.
+fn lanes_sum_pair(d0: array<f32, MAX_TILE>, d1: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
+    let gap = KEY_LANES / 2u;
+    let upper = (group_lane & gap) != 0u;
+    var out: array<f32, MAX_TILE>;
+    for (var r = 0u; r < ROW_QUADS; r++) { // @unroll
+        let t = 4u * r;
+        let a = vec4<f32>(d0[t], d0[t + 1u], d0[t + 2u], d0[t + 3u]);
+        let b = vec4<f32>(d1[t], d1[t + 1u], d1[t + 2u], d1[t + 3u]);
+        var x = select(a, b, upper) + subgroupShuffleXor(select(b, a, upper), gap);
+        for (var o = gap / 2u; o > 0u; o /= 2u) {
+            x = x + subgroupShuffleXor(x, o);
+        }
+        out[t] = x.x;
+        out[t + 1u] = x.y;
+        out[t + 2u] = x.z;
+        out[t + 3u] = x.w;
+    }
+    if !lanes_packed {
+        let nan = nan_f32();
+        for (var t = 0u; t < MAX_TILE; t++) {
+            out[t] = nan;
+        }
+    }
+    return out;
+}
+
 // Each row's max of x over the group's lanes (exact in any order), the same in every lane.
 fn lanes_max_rows(x: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
     var out: array<f32, MAX_TILE>;
@@ -54,9 +85,11 @@ fn lanes_max_rows(x: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
     return out;
 }
 
-// The rows this lane shares (lanes_share_rows) and the subgroup lane of its group's first lane.
+// The rows this lane shares (lanes_share_rows), the subgroup lane of its group's first lane
+// and its own lane in the group.
 var<private> shared_rows: array<f32, MAX_TILE>;
 var<private> group_lane0: u32;
+var<private> group_lane: u32;
 
 // Offers x to the group's lanes (lanes_shared_rows reads it).
 fn lanes_share_rows(x: array<f32, MAX_TILE>) {
@@ -95,6 +128,7 @@ fn main(
     }
     workgroupBarrier();
     lanes_packed = atomicLoad(&lanes_unpacked) == 0u;
-    group_lane0 = lane - lane % KEY_LANES;
+    group_lane = lane % KEY_LANES;
+    group_lane0 = lane - group_lane;
     attend(wid, tid);
 }
