@@ -19,15 +19,27 @@ fn lanes_sum_rows(d: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
     var out: array<f32, MAX_TILE>;
     for (var r = 0u; r < ROW_QUADS; r++) { // @unroll
         let t = 4u * r;
-        var x = vec4<f32>(d[t], d[t + 1u], d[t + 2u], d[t + 3u]);
-        for (var o = KEY_LANES / 2u; o > 0u; o /= 2u) {
-            x = x + subgroupShuffleXor(x, o);
-        }
+        let x = lanes_steps(vec4<f32>(d[t], d[t + 1u], d[t + 2u], d[t + 3u]), KEY_LANES / 2u);
         out[t] = x.x;
         out[t + 1u] = x.y;
         out[t + 2u] = x.z;
         out[t + 3u] = x.w;
     }
+    return lanes_checked(out);
+}
+
+// The butterfly's steps o = o0, o0 / 2, ..., 1 on x0: lane i takes x_i + x_(i xor o).
+fn lanes_steps(x0: vec4<f32>, o0: u32) -> vec4<f32> {
+    var x = x0;
+    for (var o = o0; o > 0u; o /= 2u) {
+        x = x + subgroupShuffleXor(x, o);
+    }
+    return x;
+}
+
+// Sums as they are where the lanes are packed as the host assumed, NaN where not.
+fn lanes_checked(sums: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
+    var out = sums;
     if !lanes_packed {
         let nan = nan_f32();
         for (var t = 0u; t < MAX_TILE; t++) {
@@ -50,22 +62,14 @@ fn lanes_sum_pair(d0: array<f32, MAX_TILE>, d1: array<f32, MAX_TILE>) -> array<f
         let t = 4u * r;
         let a = vec4<f32>(d0[t], d0[t + 1u], d0[t + 2u], d0[t + 3u]);
         let b = vec4<f32>(d1[t], d1[t + 1u], d1[t + 2u], d1[t + 3u]);
-        var x = select(a, b, upper) + subgroupShuffleXor(select(b, a, upper), gap);
-        for (var o = gap / 2u; o > 0u; o /= 2u) {
-            x = x + subgroupShuffleXor(x, o);
-        }
+        let first = select(a, b, upper) + subgroupShuffleXor(select(b, a, upper), gap);
+        let x = lanes_steps(first, gap / 2u);
         out[t] = x.x;
         out[t + 1u] = x.y;
         out[t + 2u] = x.z;
         out[t + 3u] = x.w;
     }
-    if !lanes_packed {
-        let nan = nan_f32();
-        for (var t = 0u; t < MAX_TILE; t++) {
-            out[t] = nan;
-        }
-    }
-    return out;
+    return lanes_checked(out);
 }
 
 // Each row's max of x over the group's lanes (exact in any order), the same in every lane.
