@@ -238,6 +238,8 @@ fn attend(wid: vec3<u32>, tid: u32) {
     let base = it.key_start - it.key_start % span;
     let steps = (it.key_end - base + span - 1u) / span;
     let own = lane % KEY_STEP;
+    // With PAIRED, the distance between the two keys of a pair (1 where there are no pairs).
+    let pair_gap = max(KEY_STEP / PAIR, 1u);
     // MLA (the values are the K pool row) keeps the latent's chunks of its one key a step.
     var kwords: array<vec4<u32>, MAX_CHK>;
     var kgroups: array<vec2<f32>, MAX_CHK>;
@@ -252,7 +254,6 @@ fn attend(wid: vec3<u32>, tid: u32) {
         // its half of the group may own, with half the exchanges of two lanes_sum_rows and
         // their bits).
         var own_dots: array<f32, MAX_TILE>;
-        let pair_gap = max(KEY_STEP / PAIR, 1u);
         for (var k = 0u; PAIRED && k < pair_gap; k++) {
             var live: array<bool, PAIR>;
             var kat: array<vec2<u32>, PAIR>;

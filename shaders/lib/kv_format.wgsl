@@ -105,11 +105,6 @@ fn kv_fp8_e5m2(b: u32) -> f32 {
     return bitcast<f32>(sign | bits);
 }
 
-// Two's complement int8 code (low 8 bits of b).
-fn kv_int8(b: u32) -> f32 {
-    return kv_int8x4(b).x;
-}
-
 // The four bytes of a word, element 4i in the low byte.
 fn kv_bytes(w: u32) -> vec4<u32> {
     return (vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);

@@ -56,7 +56,7 @@ fn lanes_sum_rows(d: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
 fn lanes_sum_pair(d0: array<f32, MAX_TILE>, d1: array<f32, MAX_TILE>) -> array<f32, MAX_TILE> {
     let s0 = lanes_sum_rows(d0);
     let s1 = lanes_sum_rows(d1);
-    let upper = (local_tid % KEY_LANES & (KEY_LANES / 2u)) != 0u;
+    let upper = ((local_tid % KEY_LANES) & (KEY_LANES / 2u)) != 0u;
     var out: array<f32, MAX_TILE>;
     for (var t = 0u; t < TILE; t++) { // @unroll
         out[t] = select(s0[t], s1[t], upper);
