@@ -679,8 +679,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     // The pure helpers, so that they are validated even where kv_load4 does not reach them.
     let w = k_pool[0];
     out[0] += vec4<f32>(kv_unpack_f16x2(w), kv_unpack_bf16x2(w))
-        + vec4<f32>(kv_fp8_e4m3(w & 0xffu), kv_fp8_e5m2(w >> 24u), kv_int8(w >> 8u),
-                    f32(kv_scale_words_per_row(K_DTYPE, K_DIM, K_SCALE_PER_TENSOR)));
+        + vec4<f32>(kv_fp8_e4m3(w & 0xffu), kv_fp8_e5m2(w >> 24u), kv_int8x4(w).y,
+                    f32(kv_scale_words_per_row(K_DTYPE, K_DIM, K_SCALE_PER_TENSOR)))
+        + kv_small_f32x4(kv_bytes(w) & vec4<u32>(15u));
 }
 "#;
 
