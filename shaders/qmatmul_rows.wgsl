@@ -2,30 +2,85 @@
 // (src/decoder/ops/qmatmul_rows.rs). The same products and the same bits as qmatmul.wgsl (the
 // formats and the order of the sums: its header and lib/qmatmul_dot.wgsl).
 //
-// An invocation owns 4 W_GROUPS rows of W ((wid.x * ROW_WG + lid) * 4 W_GROUPS ...) and
-// computes their LANES partials one after another (partial l over chunks l, l + LANES, ...),
-// then the tree in registers: no workgroup memory and no barrier (a CPU adapter turns a
-// barrier into a coroutine switch). Rows of x are taken ROWS_T at a time (1, 2 or 4), each
-// chunk of W decoded once per ROWS_T rows: the host picks this kernel for every product on a
-// CPU adapter whose operands it can read.
+// An invocation owns rows o0 .. o0 + 3 (o0 = (wid.x * ROW_WG + lid) * 4) of each of the
+// dispatch's WINDOWS windows of W and computes their LANES partials one after another (partial
+// l over chunks l, l + LANES, ...), then the tree in registers: no workgroup memory and no
+// barrier (a CPU adapter turns a barrier into a coroutine switch). Rows of x are taken ROWS_T
+// at a time (1, 2 or 4), each chunk of W decoded once per ROWS_T rows; with one row of x, each
+// x value is loaded once per 4 WINDOWS rows of W. The host picks this kernel for every product
+// on a CPU adapter whose operands it can read.
 //
-// x is read through a uniform binding of 64 KiB (X_VEC4 vec4s) from an offset aligned for
+// x and W are read through uniform bindings of 64 KiB (X_VEC4 vec4s) from offsets aligned for
 // uniform bindings: on Mesa's llvmpipe and lavapipe a storage load whose address depends on a
 // loop is a loop over the SIMD lanes, one scalar at a time, while a uniform load is one
-// gather, and x is read once per 8 weights. The host binds the window only when the buffer has
-// UNIFORM usage and room for the whole window.
+// gather. The host binds a window only when the buffer has UNIFORM usage and room for the
+// whole window.
 
 @group(0) @binding(0) var<uniform> params: QMatmulParams;
 @group(0) @binding(1) var<uniform> x: array<vec4<f32>, X_VEC4>;
 @group(0) @binding(2) var<uniform> w: array<vec4<u32>, X_VEC4>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+// Windows 1 to 3 of W (those past WINDOWS: the dispatch's last window again, never read).
+@group(0) @binding(4) var<uniform> w1: array<vec4<u32>, X_VEC4>;
+@group(0) @binding(5) var<uniform> w2: array<vec4<u32>, X_VEC4>;
+@group(0) @binding(6) var<uniform> w3: array<vec4<u32>, X_VEC4>;
 
 // vec4s of the x window: 64 KiB, the smallest maxUniformBufferBindingSize WebGPU allows.
 const X_VEC4: u32 = 4096u;
 
+// The window ggml_word reads: set (to a literal) before each chunk is decoded, so that once
+// the calls are inlined every read's window is a constant and the switch below folds away. A
+// dispatch of several windows is one dispatch instead of several: on a CPU adapter each
+// dispatch costs a wake-up and a wait of its threads.
+var<private> win: u32;
+
 fn ggml_word(i: u32) -> u32 {
-    let j = params.w_base + i;
-    return w[j / 4u][j % 4u];
+    let j = params.win_w_base[win] + i;
+    switch win {
+        case 1u: {
+            return w1[j / 4u][j % 4u];
+        }
+        case 2u: {
+            return w2[j / 4u][j % 4u];
+        }
+        case 3u: {
+            return w3[j / 4u][j % 4u];
+        }
+        default: {
+            return w[j / 4u][j % 4u];
+        }
+    }
+}
+
+// Chunk c of rows o0 .. o0 + 3 of window j (its last row repeated past its rows).
+fn window_chunks4(j: u32, o0: u32, chunks: u32, c: u32) -> Chunks4 {
+    win = j;
+    let last = params.win_n[j] - 1u;
+    return Chunks4(array<GgmlChunk, 4>(
+        ggml_chunk(min(o0, last), chunks, c),
+        ggml_chunk(min(o0 + 1u, last), chunks, c),
+        ggml_chunk(min(o0 + 2u, last), chunks, c),
+        ggml_chunk(min(o0 + 3u, last), chunks, c),
+    ));
+}
+
+// Values 8p .. 8p + 7 of the four chunks of window j.
+fn window_rows4(j: u32, ch: Chunks4, p: u32) -> Rows4 {
+    win = j;
+    return rows4(ch, p);
+}
+
+// Writes the outputs of x row t for rows o0 .. o0 + 3 of window j, where they exist.
+fn window_store4(j: u32, t: u32, o0: u32, v: vec4<f32>) {
+    if t >= params.rows {
+        return;
+    }
+    let base = params.y_base + t * params.y_stride + params.win_n_base[j];
+    for (var r = 0u; r < 4u; r++) {
+        if o0 + r < params.win_n[j] {
+            y[base + o0 + r] = v[r];
+        }
+    }
 }
 
 // Invocations per workgroup: one SIMD vector of lavapipe (8 lanes), so that a window's rows
@@ -44,13 +99,13 @@ fn x_row_dot(w: Rows4, xo: u32, t: u32, acc: vec4<f32>) -> vec4<f32> {
 // ROWS_T rows of x. The accumulators are indexed by literals only (registers on lavapipe).
 override ROWS_T: u32 = 1u;
 
-// Groups of 4 rows of W per invocation: 2 only for one row of x (ROWS_T = 1, `rows` = 1) over
-// windows of many rows (the host's choice), each x value then loaded once per 8 rows of W;
-// else 1.
-override W_GROUPS: u32 = 1u;
+// Windows of W per dispatch (1 to 4; more than 1 only for one row of x, ROWS_T = 1): each
+// invocation owns 4 rows in each, each x value then loaded once per 4 WINDOWS rows of W.
+override WINDOWS: u32 = 1u;
 
-// The partials of lane l (chunks l, l + LANES, ...) of the 4 rows of W from o0, for rows t ..
-// t + ROWS_T - 1 of x (a0 .. a3).
+// The partials of lane l (chunks l, l + LANES, ...) of the 4 rows of W from o0: for rows t ..
+// t + ROWS_T - 1 of x (a0 .. a3) in window 0, or with WINDOWS > 1 for x row t in windows 0 ..
+// WINDOWS - 1 (a0 .. a3).
 struct Partials {
     a0: vec4<f32>,
     a1: vec4<f32>,
@@ -61,22 +116,30 @@ struct Partials {
 fn partials(o0: u32, chunks: u32, t: u32, l: u32) -> Partials {
     var acc = Partials(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
     for (var c = l; c < chunks; c += LANES) {
-        let ch = chunks4(o0, chunks, c);
-        if W_GROUPS > 1u {
-            // One row of x, two groups of 4 rows of W (a1: the second), each x value loaded
-            // once for both.
-            let ch1 = chunks4(o0 + 4u, chunks, c);
+        let ch = window_chunks4(0u, o0, chunks, c);
+        if WINDOWS > 1u {
+            // One row of x, the same rows of each window (a1 .. a3: windows 1 .. 3), each x
+            // value loaded once for all. A window past WINDOWS repeats the last (unused).
+            let ch1 = window_chunks4(1u, o0, chunks, c);
+            let ch2 = window_chunks4(min(2u, WINDOWS - 1u), o0, chunks, c);
+            let ch3 = window_chunks4(min(3u, WINDOWS - 1u), o0, chunks, c);
             let at = params.x_base / 4u + c * 8u;
             for (var p = 0u; p < 4u; p++) {
                 let xa = x[at + 2u * p];
                 let xb = x[at + 2u * p + 1u];
-                acc.a0 = dot8x4(rows4(ch, p), xa, xb, acc.a0);
-                acc.a1 = dot8x4(rows4(ch1, p), xa, xb, acc.a1);
+                acc.a0 = dot8x4(window_rows4(0u, ch, p), xa, xb, acc.a0);
+                acc.a1 = dot8x4(window_rows4(1u, ch1, p), xa, xb, acc.a1);
+                if WINDOWS > 2u {
+                    acc.a2 = dot8x4(window_rows4(2u, ch2, p), xa, xb, acc.a2);
+                }
+                if WINDOWS > 3u {
+                    acc.a3 = dot8x4(window_rows4(3u, ch3, p), xa, xb, acc.a3);
+                }
             }
             continue;
         }
         for (var p = 0u; p < 4u; p++) {
-            let wv = rows4(ch, p);
+            let wv = window_rows4(0u, ch, p);
             let xo = params.x_base / 4u + c * 8u + 2u * p;
             acc.a0 = x_row_dot(wv, xo, t, acc.a0);
             if ROWS_T > 1u {
@@ -97,7 +160,7 @@ fn add_partials(x: Partials, y: Partials) -> Partials {
 
 @compute @workgroup_size(ROW_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let o0 = (wid.x * ROW_WG + lid) * 4u * W_GROUPS;
+    let o0 = (wid.x * ROW_WG + lid) * 4u;
     let chunks = params.k / 32u;
     for (var t = 0u; t < params.rows; t += ROWS_T) {
         // lane_tree's sums (lib/qmatmul_dot.wgsl: step o adds p[j + o] to p[j], o = 8, 4, 2,
@@ -133,16 +196,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
             sum = add_partials(h3, n3);
         }
-        store4(t, o0, sum.a0);
-        if W_GROUPS > 1u {
-            store4(t, o0 + 4u, sum.a1);
+        window_store4(0u, t, o0, sum.a0);
+        if WINDOWS > 1u {
+            window_store4(1u, t, o0, sum.a1);
+        }
+        if WINDOWS > 2u {
+            window_store4(2u, t, o0, sum.a2);
+        }
+        if WINDOWS > 3u {
+            window_store4(3u, t, o0, sum.a3);
         }
         if ROWS_T > 1u {
-            store4(t + 1u, o0, sum.a1);
+            window_store4(0u, t + 1u, o0, sum.a1);
         }
         if ROWS_T > 2u {
-            store4(t + 2u, o0, sum.a2);
-            store4(t + 3u, o0, sum.a3);
+            window_store4(0u, t + 2u, o0, sum.a2);
+            window_store4(0u, t + 3u, o0, sum.a3);
         }
     }
 }

@@ -27,8 +27,15 @@ struct QMatmulParams {
     x_base: u32,
     // Index of the dispatch's first y row (column 0) inside the y binding.
     y_base: u32,
-    // Index of the dispatch's first weight word inside the w binding (row kernel; 0 else).
+    // Index of the dispatch's first weight word inside the w binding (row kernel: window 0's,
+    // as win_w_base.x; 0 else).
     w_base: u32,
+    // The row kernel's windows of W (component j: window j; zeros for the other kernels):
+    // the first weight word inside window j's binding, its rows, and the column of y its row 0
+    // writes.
+    win_w_base: vec4<u32>,
+    win_n: vec4<u32>,
+    win_n_base: vec4<u32>,
 }
 
 // Partials per output (lanes of a row of W).

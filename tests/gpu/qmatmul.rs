@@ -251,10 +251,9 @@ fn every_block_type_matches_the_cpu_reference_on_odd_shapes() {
     );
 }
 
-/// One row of x over short weight rows (one block each): thousands of rows fit one window of
-/// the row kernel, which then gives each invocation two groups of 4 rows of W (on any CPU
-/// adapter of up to 51 threads for 32-value blocks, 7 for K-quants); the kernels agree bit for
-/// bit and match the CPU.
+/// One row of x over short weight rows (one block each) and a weight of several windows: the
+/// row kernel binds up to 4 windows of W a dispatch, shared evenly (the last window shorter),
+/// each invocation owning 4 rows in each; the kernels agree bit for bit and match the CPU.
 #[test]
 fn one_row_over_short_weight_rows_matches_in_every_kernel() {
     let ctx = gpu();
@@ -267,7 +266,8 @@ fn one_row_over_short_weight_rows_matches_in_every_kernel() {
         GgmlType::F16,
     ] {
         let k = (ty.block_size() as usize).max(32);
-        let n = window_rows(ty, k);
+        // Over 4 windows' worth of rows: 5 windows or more.
+        let n = 4 * window_rows(ty, k) + 5;
         let w = random_weight(&mut rng, ty, n, k);
         let weight = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
         let x = rng.normals(2 * k, 1.0);

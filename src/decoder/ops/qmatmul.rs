@@ -17,9 +17,10 @@
 //!   of `x`, 16 lanes splitting a row of `W` (adjacent lanes read adjacent chunks), each
 //!   decoded chunk applied to every row of `x`; the partials meet in workgroup memory. For
 //!   decode on GPUs and for any product the others do not take.
-//! - the row kernel ([`qmatmul_rows`](super::qmatmul_rows)): an invocation owns 4 (or 8) rows
-//!   of `W` and computes their partials itself, each decoded chunk applied to up to 4 rows of `x`,
-//!   `x` and `W` read through uniform windows. For CPU adapters, whose storage loads and
+//! - the row kernel ([`qmatmul_rows`](super::qmatmul_rows)): an invocation owns 4 rows of `W`
+//!   (in each of up to 4 windows of `W` a dispatch binds) and computes their partials itself,
+//!   each decoded chunk applied to up to 4 rows of `x`, `x` and `W` read through uniform
+//!   windows. For CPU adapters, whose storage loads and
 //!   barriers are costly; `x` must come from [`input_buffer`] (the decoder's activations do)
 //!   and `W` be a weight of 64 KiB or more ([`QWeight::has_windows`]).
 //! - the tiled kernel ([`qmatmul_tiled`](super::qmatmul_tiled)): tiles of 16 rows of `x` by 16
@@ -75,8 +76,16 @@ crate::wgsl_struct! {
         pub x_base: u32,
         /// Index of the dispatch's first y row inside the y binding.
         pub y_base: u32,
-        /// Index of the dispatch's first weight word inside the w binding (row kernel).
+        /// Index of the dispatch's first weight word inside the w binding (row kernel: that
+        /// of window 0, as `win_w_base[0]`; 0 else).
         pub w_base: u32,
+        /// Row kernel: the first weight word inside the binding of window `j` (component
+        /// `j`; zeros for the other kernels).
+        pub win_w_base: [u32; 4],
+        /// Row kernel: the rows of `W` window `j` holds.
+        pub win_n: [u32; 4],
+        /// Row kernel: the column of y row 0 of window `j` writes.
+        pub win_n_base: [u32; 4],
     }
 }
 
@@ -271,7 +280,7 @@ impl QWeight {
     /// Whether the row kernel ([`QMatmulMapping::Rows`]) can read it: uploaded on a CPU
     /// adapter, at least 64 KiB, rows of at most 64 KiB.
     pub fn has_windows(&self, ctx: &Context) -> bool {
-        weight_windows(ctx, self, 1).is_some()
+        weight_windows(ctx, self).is_some()
     }
 
     /// Buffers it is split into.
@@ -344,44 +353,43 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
 }
 
 /// The row kernel's constants: the format's, the rows of x per decoded weight (1, 2 or 4) and
-/// the groups of 4 rows of `W` per invocation.
-fn row_constants(ty: GgmlType, rows: usize, groups: usize) -> Vec<(&'static str, f64)> {
+/// the windows of `W` per dispatch (1 to [`MAX_WINDOWS`]; more than 1 only for one row of x).
+fn row_constants(ty: GgmlType, rows: usize, windows: usize) -> Vec<(&'static str, f64)> {
     let mut c = format_constants(ty);
     c.push(("ROWS_T", rows.clamp(1, 4).next_power_of_two().min(4) as f64));
-    c.push(("W_GROUPS", groups as f64));
+    c.push(("WINDOWS", windows as f64));
     c
 }
 
-/// Groups of 4 rows of `W` per invocation of the row kernel: 2 for one row of `x` when a
-/// window holds two workgroups of 8 rows per invocation for each of the adapter's threads (each
-/// `x` value is then loaded once per 8 rows), else 1 (a window of fewer rows would leave
-/// threads idle).
-fn row_groups(w: &QWeight, rows: usize) -> usize {
-    let Some(row_words) = row_words(w.ty, w.k) else {
-        return 1;
-    };
-    // Rows a window holds at least, whatever its offset's alignment (up to 256 bytes).
-    let fit = (X_WINDOW_BYTES as usize / 4).saturating_sub(64) / row_words;
-    if rows == 1 && fit >= group_rows(2) * cpu_threads() {
-        2
-    } else {
-        1
-    }
-}
+/// Most windows of `W` one dispatch of the row kernel binds (its `WINDOWS`; bindings `w`,
+/// `w1` .. `w3`).
+pub const MAX_WINDOWS: usize = 4;
 
-/// Override constants of the row kernel for the naga tests: every type, one and four rows of
-/// x per decoded weight.
+/// Override constants of the row kernel for the naga tests: every type, one row of x with 1
+/// to 4 windows per dispatch, and four rows of x per decoded weight.
 pub fn row_representative_constants() -> Vec<Vec<(&'static str, f64)>> {
     crate::decoder::blocks::SUPPORTED
         .iter()
         .flat_map(|&ty| {
-            [
-                row_constants(ty, 1, 1),
-                row_constants(ty, 1, 2),
-                row_constants(ty, 4, 1),
-            ]
+            (1..=MAX_WINDOWS)
+                .map(move |windows| row_constants(ty, 1, windows))
+                .chain([row_constants(ty, 4, 1)])
         })
         .collect()
+}
+
+/// `windows` windows of `W` shared by as few dispatches of at most [`MAX_WINDOWS`] as hold
+/// them, as evenly as they go (5 as 3 and 2): the windows of each dispatch, in order.
+fn window_batches(windows: usize) -> Vec<std::ops::Range<usize>> {
+    let batches = windows.div_ceil(MAX_WINDOWS);
+    let mut out = Vec::with_capacity(batches);
+    let mut start = 0;
+    for b in 0..batches {
+        let len = windows / batches + usize::from(b < windows % batches);
+        out.push(start..start + len);
+        start += len;
+    }
+    out
 }
 
 /// Override constants of the tiled kernel for the naga tests: every type's format.
@@ -420,8 +428,7 @@ impl QMatmulMapping {
         let (_, k) = args.w.shape();
         if ctx.caps().cpu_adapter {
             let first = args.x_row.saturating_mul(k);
-            if Window::of(ctx, args.x, first, k).is_some()
-                && weight_windows(ctx, args.w, 1).is_some()
+            if Window::of(ctx, args.x, first, k).is_some() && weight_windows(ctx, args.w).is_some()
             {
                 return Self::Rows;
             }
@@ -501,7 +508,7 @@ impl WSlice {
 
 /// `w` cut into uniform windows of whole rows for the row kernel; `None` when it was not
 /// uploaded for them (UNIFORM usage, a window's room after each part) or a row does not fit.
-fn weight_windows(ctx: &Context, w: &QWeight, groups: usize) -> Option<Vec<WSlice>> {
+fn weight_windows(ctx: &Context, w: &QWeight) -> Option<Vec<WSlice>> {
     let row_words = row_words(w.ty, w.k)? as u64;
     let align = u64::from(ctx.device.limits().min_uniform_buffer_offset_alignment).max(4);
     let window_words = X_WINDOW_BYTES / 4;
@@ -525,7 +532,7 @@ fn weight_windows(ctx: &Context, w: &QWeight, groups: usize) -> Option<Vec<WSlic
             if fit == 0 {
                 return None;
             }
-            let count = whole_groups(fit, group_rows(groups), threads).min(nr - r);
+            let count = whole_groups(fit, GROUP_ROWS, threads).min(nr - r);
             out.push(WSlice {
                 part,
                 window: Some(offset),
@@ -539,11 +546,8 @@ fn weight_windows(ctx: &Context, w: &QWeight, groups: usize) -> Option<Vec<WSlic
     Some(out)
 }
 
-/// Rows of `W` a workgroup of the row kernel owns with `groups` groups of 4 rows per
-/// invocation.
-fn group_rows(groups: usize) -> usize {
-    ROW_WG * W_ROWS * groups
-}
+/// Rows of `W` a workgroup of the row kernel owns in each window (4 per invocation).
+const GROUP_ROWS: usize = ROW_WG * W_ROWS;
 
 /// Rows of `W` one window of the row kernel takes when `fit` fit: whole workgroups of `group`
 /// rows, as many as a multiple of the CPU adapter's threads where that many fit. A CPU adapter
@@ -620,8 +624,6 @@ pub fn prepare_qmatmul_mapped(
     fit(x_end)?;
     fit(y_end)?;
     let max_groups = ctx.caps().max_compute_workgroups_per_dimension as usize;
-    // Groups of 4 rows of W per invocation of the row kernel (its windows and constants).
-    let groups = row_groups(w, rows);
     // Rows of x and of W per workgroup, the most rows of x one dispatch takes, and the
     // kernel's constants.
     let (x_per_group, w_per_group, x_limit, constants) = match mapping {
@@ -640,12 +642,7 @@ pub fn prepare_qmatmul_mapped(
                     Window::max_rows(ctx, 1)
                 )));
             }
-            (
-                most,
-                group_rows(groups),
-                most,
-                row_constants(w.ty, rows, groups),
-            )
+            (most, GROUP_ROWS, most, row_constants(w.ty, rows, 1))
         }
         QMatmulMapping::Tiled => (
             TILE_X_ROWS,
@@ -661,7 +658,7 @@ pub fn prepare_qmatmul_mapped(
     // The rows of W each dispatch binds: whole parts, or for the row kernel windows of whole
     // rows.
     let w_slices = match mapping {
-        QMatmulMapping::Rows => weight_windows(ctx, w, groups).ok_or_else(|| {
+        QMatmulMapping::Rows => weight_windows(ctx, w).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "qmatmul: the row kernel reads W through uniform windows of {X_WINDOW_BYTES} \
                  bytes: the weight must be uploaded on a CPU adapter, at least one window \
@@ -698,46 +695,85 @@ pub fn prepare_qmatmul_mapped(
             _ => XBinding::Storage(bind(ctx, first as u64, (nt * k) as u64)?),
         };
         let ys = bind(ctx, ((y_row + t0) * n) as u64, (nt * n) as u64)?;
-        for &ws in &w_slices {
-            let (r0, nr) = (ws.r0, ws.nr);
-            let params = QMatmulParams {
+        // The row kernel takes up to MAX_WINDOWS windows of W a dispatch for one row of x
+        // (each window's rows and bits as alone); every other case one part or window each.
+        let batches = if mapping == QMatmulMapping::Rows && rows == 1 {
+            window_batches(w_slices.len())
+        } else {
+            (0..w_slices.len()).map(|i| i..i + 1).collect()
+        };
+        for batch in batches {
+            let slices = &w_slices[batch];
+            let first = slices[0];
+            let mut params = QMatmulParams {
                 rows: nt as u32,
                 k: k as u32,
-                n: nr as u32,
-                n_base: r0 as u32,
+                n: first.nr as u32,
+                n_base: first.r0 as u32,
                 y_stride: n as u32,
                 x_base: xs.base(),
                 y_base: ys.base,
-                w_base: ws.base,
+                w_base: first.base,
+                ..QMatmulParams::default()
             };
+            if mapping == QMatmulMapping::Rows {
+                for (j, ws) in slices.iter().enumerate() {
+                    params.win_w_base[j] = ws.base;
+                    params.win_n[j] = ws.nr as u32;
+                    params.win_n_base[j] = ws.r0 as u32;
+                }
+            }
+            let most_rows = slices.iter().map(|ws| ws.nr).max().unwrap_or(0);
             let grid = [
-                nr.div_ceil(w_per_group) as u32,
+                most_rows.div_ceil(w_per_group) as u32,
                 nt.div_ceil(x_per_group) as u32,
                 1,
             ];
-            plans.push((ws, params, xs, ys, grid));
+            plans.push((slices.to_vec(), params, xs, ys, grid));
         }
         t0 += nt;
     }
-    let key = PipelineKey::new(
-        ShaderVariant::new(mapping.kernel(), Precision::F32),
-        &constants,
-    );
-    let pipeline = ctx.pipeline(&key)?;
+    // One pipeline per number of windows a dispatch binds (the row kernel's WINDOWS).
+    let mut pipelines = vec![None; MAX_WINDOWS + 1];
     let mut uniforms = Vec::with_capacity(plans.len());
     let mut dispatches = Vec::with_capacity(plans.len());
-    for (ws, params, xs, ys, grid) in plans {
+    for (slices, params, xs, ys, grid) in plans {
+        let windows = slices.len();
+        let pipeline = match &pipelines[windows] {
+            Some(p) => std::sync::Arc::clone(p),
+            None => {
+                let constants = match mapping {
+                    QMatmulMapping::Rows => row_constants(w.ty, rows, windows),
+                    _ => constants.clone(),
+                };
+                let key = PipelineKey::new(
+                    ShaderVariant::new(mapping.kernel(), Precision::F32),
+                    &constants,
+                );
+                let p = ctx.pipeline(&key)?;
+                pipelines[windows] = Some(std::sync::Arc::clone(&p));
+                p
+            }
+        };
         let uniform = ctx.uniform("qmatmul params", &params)?;
-        let wbuf = &w.parts[ws.part].0;
+        let w_resource = |j: usize| {
+            let ws = slices[j.min(windows - 1)];
+            ws.resource(&w.parts[ws.part].0)
+        };
+        let mut resources = vec![
+            uniform.as_entire_binding(),
+            xs.resource(x),
+            w_resource(0),
+            ys.resource(y),
+        ];
+        if mapping == QMatmulMapping::Rows {
+            // Windows 1 .. 3 (past the dispatch's windows, its last again: never read).
+            resources.extend((1..MAX_WINDOWS).map(w_resource));
+        }
         dispatches.push(ctx.prepare_dispatch(
             mapping.kernel().name(),
             &pipeline,
-            &[
-                uniform.as_entire_binding(),
-                xs.resource(x),
-                ws.resource(wbuf),
-                ys.resource(y),
-            ],
+            &resources,
             grid,
         )?);
         uniforms.push(uniform);
@@ -811,17 +847,35 @@ mod tests {
 
     #[test]
     fn row_kernel_windows_take_whole_workgroups_shared_by_the_threads() {
-        assert_eq!((group_rows(1), group_rows(2)), (32, 64));
+        assert_eq!(GROUP_ROWS, 32);
         // Q4_1 rows of 576 values: 182 fit a window; 4 workgroups, 2 for each of 2 threads.
         assert_eq!(whole_groups(182, 32, 2), 128);
         assert_eq!(whole_groups(182, 32, 1), 160);
-        // Workgroups of 64 rows (two groups per invocation): one for each of 2 threads.
-        assert_eq!(whole_groups(182, 64, 2), 128);
         // Fewer rows than one workgroup per thread: whole workgroups still.
         assert_eq!(whole_groups(68, 32, 4), 64);
         // Under one workgroup: the rows that fit.
         assert_eq!(whole_groups(20, 32, 2), 20);
         assert_eq!(whole_groups(101, 32, 0), 96);
+    }
+
+    #[test]
+    fn windows_are_shared_evenly_by_the_fewest_dispatches() {
+        let lens = |n| {
+            window_batches(n)
+                .into_iter()
+                .map(|r| r.len())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(lens(1), [1]);
+        assert_eq!(lens(4), [4]);
+        // attn_q of SmolLM2 (5 windows), ffn_down (9), ffn_gate (12), the output (768).
+        assert_eq!(lens(5), [3, 2]);
+        assert_eq!(lens(9), [3, 3, 3]);
+        assert_eq!(lens(12), [4, 4, 4]);
+        assert_eq!(lens(768), [4; 192]);
+        // In order, each window once.
+        let all: Vec<usize> = window_batches(11).into_iter().flatten().collect();
+        assert_eq!(all, (0..11).collect::<Vec<_>>());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The row kernel of the block-format product (`shaders/qmatmul_rows.wgsl`), for CPU
-//! adapters: an invocation owns 4 (or 8) rows of `W` and computes their 16 partials itself, each
-//! decoded chunk applied to up to 4 rows of `x`, with the bits of the lane kernel
+//! adapters: an invocation owns 4 rows of `W` (in each of the up to 4 windows of `W` a
+//! dispatch binds for one row of `x`) and computes their 16 partials itself, each decoded chunk
+//! applied to up to 4 rows of `x`, with the bits of the lane kernel
 //! ([`super::qmatmul`]). It reads `x` and `W` through uniform bindings of [`X_WINDOW_BYTES`]
 //! (on Mesa's CPU adapters a uniform load in a loop is a gather, a storage load a loop over the
 //! SIMD lanes): the `x` buffer needs `UNIFORM` usage and room for the window after the row,
@@ -20,8 +21,8 @@ use crate::Result;
 pub const X_WINDOW_BYTES: u64 = 64 * 1024;
 
 /// Invocations per workgroup (the kernel's `ROW_WG`): one SIMD vector of lavapipe, so that a
-/// window's rows make several workgroups for the adapter's threads; each owns 4 rows of `W`
-/// (8 for one row of `x` over windows of many rows).
+/// window's rows make several workgroups for the adapter's threads; each owns 4 rows of `W` in
+/// each window the dispatch binds.
 pub(crate) const ROW_WG: usize = 8;
 
 /// A buffer of `x` rows every kernel of the product can read, the row kernel included:
