@@ -55,13 +55,7 @@ fn ggml_word(i: u32) -> u32 {
 // Chunk c of rows o0 .. o0 + 3 of window j (its last row repeated past its rows).
 fn window_chunks4(j: u32, o0: u32, chunks: u32, c: u32) -> Chunks4 {
     win = j;
-    let last = params.win_n[j] - 1u;
-    return Chunks4(array<GgmlChunk, 4>(
-        ggml_chunk(min(o0, last), chunks, c),
-        ggml_chunk(min(o0 + 1u, last), chunks, c),
-        ggml_chunk(min(o0 + 2u, last), chunks, c),
-        ggml_chunk(min(o0 + 3u, last), chunks, c),
-    ));
+    return chunks4_in(o0, params.win_n[j], chunks, c);
 }
 
 // Values 8p .. 8p + 7 of the four chunks of window j.
@@ -72,15 +66,7 @@ fn window_rows4(j: u32, ch: Chunks4, p: u32) -> Rows4 {
 
 // Writes the outputs of x row t for rows o0 .. o0 + 3 of window j, where they exist.
 fn window_store4(j: u32, t: u32, o0: u32, v: vec4<f32>) {
-    if t >= params.rows {
-        return;
-    }
-    let base = params.y_base + t * params.y_stride + params.win_n_base[j];
-    for (var r = 0u; r < 4u; r++) {
-        if o0 + r < params.win_n[j] {
-            y[base + o0 + r] = v[r];
-        }
-    }
+    store4_in(t, o0, params.win_n[j], params.win_n_base[j], v);
 }
 
 // Invocations per workgroup: one SIMD vector of lavapipe (8 lanes), so that a window's rows

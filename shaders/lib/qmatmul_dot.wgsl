@@ -27,9 +27,8 @@ struct QMatmulParams {
     x_base: u32,
     // Index of the dispatch's first y row (column 0) inside the y binding.
     y_base: u32,
-    // Index of the dispatch's first weight word inside the w binding (row kernel: window 0's,
-    // as win_w_base.x; 0 else).
-    w_base: u32,
+    // Padding (the row kernel's windows below start on 16 bytes).
+    _pad0: u32,
     // The row kernel's windows of W (component j: window j; zeros for the other kernels):
     // the first weight word inside window j's binding, its rows, and the column of y its row 0
     // writes.
@@ -68,7 +67,13 @@ struct Chunks4 {
 }
 
 fn chunks4(o0: u32, chunks: u32, c: u32) -> Chunks4 {
-    let last = params.n - 1u;
+    return chunks4_in(o0, params.n, chunks, c);
+}
+
+// Chunk c of the four rows of W from o0 in a slice of n rows (n > 0; the last row repeated
+// past n).
+fn chunks4_in(o0: u32, n: u32, chunks: u32, c: u32) -> Chunks4 {
+    let last = n - 1u;
     return Chunks4(array<GgmlChunk, 4>(
         ggml_chunk(min(o0, last), chunks, c),
         ggml_chunk(min(o0 + 1u, last), chunks, c),
@@ -99,12 +104,17 @@ fn lane_tree(v: ptr<function, array<vec4<f32>, LANES>>) -> vec4<f32> {
 
 // Writes the outputs of x row t for the four rows of W from o0, where they exist.
 fn store4(t: u32, o0: u32, v: vec4<f32>) {
+    store4_in(t, o0, params.n, params.n_base, v);
+}
+
+// store4 for a slice of n rows of W whose row 0 writes column n_base of y.
+fn store4_in(t: u32, o0: u32, n: u32, n_base: u32, v: vec4<f32>) {
     if t >= params.rows {
         return;
     }
-    let base = params.y_base + t * params.y_stride + params.n_base;
+    let base = params.y_base + t * params.y_stride + n_base;
     for (var r = 0u; r < 4u; r++) {
-        if o0 + r < params.n {
+        if o0 + r < n {
             y[base + o0 + r] = v[r];
         }
     }

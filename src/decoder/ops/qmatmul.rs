@@ -76,9 +76,8 @@ crate::wgsl_struct! {
         pub x_base: u32,
         /// Index of the dispatch's first y row inside the y binding.
         pub y_base: u32,
-        /// Index of the dispatch's first weight word inside the w binding (row kernel: that
-        /// of window 0, as `win_w_base[0]`; 0 else).
-        pub w_base: u32,
+        /// Padding (the row kernel's fields start on 16 bytes).
+        pub _pad0: u32,
         /// Row kernel: the first weight word inside the binding of window `j` (component
         /// `j`; zeros for the other kernels).
         pub win_w_base: [u32; 4],
@@ -713,7 +712,6 @@ pub fn prepare_qmatmul_mapped(
                 y_stride: n as u32,
                 x_base: xs.base(),
                 y_base: ys.base,
-                w_base: first.base,
                 ..QMatmulParams::default()
             };
             if mapping == QMatmulMapping::Rows {
