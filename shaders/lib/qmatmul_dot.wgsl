@@ -27,8 +27,8 @@ struct QMatmulParams {
     x_base: u32,
     // Index of the dispatch's first y row (column 0) inside the y binding.
     y_base: u32,
-    // Padding (the row kernel's windows below start on 16 bytes).
-    _pad0: u32,
+    // 1: add each output into y (y's value first: the residual add, fused); 0: write it.
+    accumulate: u32,
     // The row kernel's windows of W (component j: window j; zeros for the other kernels):
     // the first weight word inside window j's binding, its rows, and the column of y its row 0
     // writes.
@@ -107,7 +107,8 @@ fn store4(t: u32, o0: u32, v: vec4<f32>) {
     store4_in(t, o0, params.n, params.n_base, v);
 }
 
-// store4 for a slice of n rows of W whose row 0 writes column n_base of y.
+// store4 for a slice of n rows of W whose row 0 writes column n_base of y (adds into it with
+// params.accumulate).
 fn store4_in(t: u32, o0: u32, n: u32, n_base: u32, v: vec4<f32>) {
     if t >= params.rows {
         return;
@@ -115,7 +116,12 @@ fn store4_in(t: u32, o0: u32, n: u32, n_base: u32, v: vec4<f32>) {
     let base = params.y_base + t * params.y_stride + n_base;
     for (var r = 0u; r < 4u; r++) {
         if o0 + r < n {
-            y[base + o0 + r] = v[r];
+            let i = base + o0 + r;
+            if params.accumulate != 0u {
+                y[i] = y[i] + v[r];
+            } else {
+                y[i] = v[r];
+            }
         }
     }
 }

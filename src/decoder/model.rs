@@ -24,7 +24,7 @@ use crate::cache::allocator::SeqId;
 use crate::cache::append_kv::SourceDtype;
 use crate::cache::append_plan::{AppendIo, AppendPlan};
 use crate::cache::paged::{AppendBatch, PagedKvCache, PagedKvConfig};
-use crate::decoder::ops::add::{prepare_add, prepare_bias_add, AddArgs, BiasAddArgs};
+use crate::decoder::ops::add::{prepare_bias_add, BiasAddArgs};
 use crate::decoder::ops::embed::{embed_host_check, prepare_embed, EmbedArgs};
 use crate::decoder::ops::qmatmul::input_buffer;
 use crate::decoder::ops::rms_norm::{prepare_rms_norm, RmsNormArgs};
@@ -447,8 +447,6 @@ struct Step {
     embed: PreparedOp,
     rope_q: PreparedRope,
     rope_k: PreparedRope,
-    /// `x += proj` (both residual adds of every layer).
-    residual: PreparedOp,
     swiglu: PreparedOp,
     layers: Vec<LayerStep>,
     final_norm: PreparedOp,
@@ -688,8 +686,9 @@ impl Decoder {
     /// same shape (they share the staging buffer).
     ///
     /// The step goes into one compute pass of `encoder`: the embedding, every layer (norm, Q/K/V products
-    /// and their biases, RoPE, the append into the cache, paged attention, output product, residual, norm,
-    /// gate/up products, SwiGLU, down product, residual), the final norm and the logits are
+    /// and their biases, RoPE, the append into the cache, paged attention, output product added
+    /// into the residual stream, norm, gate/up products, SwiGLU, down product added into the
+    /// residual stream), the final norm and the logits are
     /// recorded, then the logits are copied into a reusable staging buffer. The resources of a step (activations, plans,
     /// bind groups, logits) are kept for the last few step shapes (tokens per sequence, which
     /// logits, the cache), so a step with the shape of an earlier one (a warm decode step)
@@ -871,13 +870,11 @@ impl Decoder {
             };
             step.attention.encode(ctx, pass, &io)?;
             ops.o.encode(pass);
-            step.residual.encode(pass);
             ops.ffn_norm.encode(pass);
             ops.gate.encode(pass);
             ops.up.encode(pass);
             step.swiglu.encode(pass);
             ops.down.encode(pass);
-            step.residual.encode(pass);
         }
         step.final_norm.encode(pass);
         if let Some((gather, _)) = &step.gather {
@@ -924,11 +921,17 @@ impl Decoder {
     ) -> Result<Step> {
         let c = self.config;
         let (t, d) = (shape.tokens(), c.d_model);
-        let mut flops = 0u64;
-        let mut product = |m: &GpuMatrix, x, rows: (usize, usize, usize), y| -> Result<Product> {
-            let p = m.prepare(ctx, x, rows, y)?;
-            flops += p.flops();
-            Ok(p)
+        let flops = std::cell::Cell::new(0u64);
+        let counted = |p: Product| {
+            flops.set(flops.get() + p.flops());
+            p
+        };
+        let product = |m: &GpuMatrix, x, rows: (usize, usize, usize), y| -> Result<Product> {
+            Ok(counted(m.prepare(ctx, x, rows, y)?))
+        };
+        // The residual adds `x += W in` fused into the O and down products.
+        let added = |m: &GpuMatrix, input| -> Result<Product> {
+            Ok(counted(m.prepare_added(ctx, input, t, &s.x, &s.proj)?))
         };
         let all = (0, t, 0);
         let norm = |weight, out| RmsNormArgs {
@@ -964,11 +967,11 @@ impl Decoder {
                 k: product(m(LayerMatrix::K), &s.h, all, &s.k)?,
                 v: product(m(LayerMatrix::V), &s.h, all, &s.v)?,
                 qkv_bias,
-                o: product(m(LayerMatrix::O), &s.attn, all, &s.proj)?,
+                o: added(m(LayerMatrix::O), &s.attn)?,
                 ffn_norm: prepare_rms_norm(ctx, &norm(&w.ffn_norm, &s.h))?,
                 gate: product(m(LayerMatrix::Gate), &s.h, all, &s.gate)?,
                 up: product(m(LayerMatrix::Up), &s.h, all, &s.up)?,
-                down: product(m(LayerMatrix::Down), &s.act, all, &s.proj)?,
+                down: added(m(LayerMatrix::Down), &s.act)?,
             });
         }
         let rows = shape.rows();
@@ -1020,14 +1023,6 @@ impl Decoder {
             embed: self.embed.prepare_gather(ctx, &s.ids, t, &s.x)?,
             rope_q: Rope::prepare(ctx, &rope(&self.rope_q, &s.q, &s.q_rot))?,
             rope_k: Rope::prepare(ctx, &rope(&self.rope_k, &s.k, &s.k_rot))?,
-            residual: prepare_add(
-                ctx,
-                &AddArgs {
-                    n: t * d,
-                    x: &s.x,
-                    y: &s.proj,
-                },
-            )?,
             swiglu: prepare_swiglu(
                 ctx,
                 &SwigluArgs {
@@ -1049,7 +1044,7 @@ impl Decoder {
             logits,
             attention: self.attention_plan(ctx, cache, &shape, blocks)?,
             append: AppendPlan::with_capacity(ctx, cache, t)?,
-            matmul_flops: flops,
+            matmul_flops: flops.get(),
             shape,
         })
     }

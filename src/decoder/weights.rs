@@ -15,6 +15,7 @@ use super::model::{DecoderConfig, HostWeights};
 use super::ops::qembed::{prepare_qembed, QEmbedArgs};
 use super::ops::qmatmul::{prepare_qmatmul, QMatmulArgs, QWeight};
 use super::ops::PreparedOp;
+use crate::decoder::ops::add::{prepare_add, AddArgs};
 use crate::decoder::ops::embed::{prepare_embed, EmbedArgs};
 use crate::gpu::Context;
 use crate::matmul::{Linear, PreparedMatmul};
@@ -233,8 +234,33 @@ impl GpuMatrix {
         &self,
         ctx: &Context,
         x: &wgpu::Buffer,
+        rows: (usize, usize, usize),
+        y: &wgpu::Buffer,
+    ) -> Result<Product> {
+        self.prepare_into(ctx, x, rows, y, None)
+    }
+
+    /// `y[t] += W x[t]` for `t < rows` (a residual add), prepared: block weights add into
+    /// `y` as they write it (one dispatch less); dense ones write `scratch` (as large as the
+    /// product) and add it. Either way the bits of the product followed by the add.
+    pub fn prepare_added(
+        &self,
+        ctx: &Context,
+        x: &wgpu::Buffer,
+        rows: usize,
+        y: &wgpu::Buffer,
+        scratch: &wgpu::Buffer,
+    ) -> Result<Product> {
+        self.prepare_into(ctx, x, (0, rows, 0), y, Some(scratch))
+    }
+
+    fn prepare_into(
+        &self,
+        ctx: &Context,
+        x: &wgpu::Buffer,
         (x_row, rows, y_row): (usize, usize, usize),
         y: &wgpu::Buffer,
+        added: Option<&wgpu::Buffer>,
     ) -> Result<Product> {
         match self {
             Self::Dense { buffer, n, k } => {
@@ -245,10 +271,22 @@ impl GpuMatrix {
                     k: *k,
                     w: buffer,
                     n: *n,
-                    y,
+                    y: added.unwrap_or(y),
                     y_row,
                 };
-                Ok(Product::Dense(linear.prepare(ctx)?))
+                let matmul = linear.prepare(ctx)?;
+                let add = match added {
+                    Some(scratch) => Some(prepare_add(
+                        ctx,
+                        &AddArgs {
+                            n: rows * n,
+                            x: y,
+                            y: scratch,
+                        },
+                    )?),
+                    None => None,
+                };
+                Ok(Product::Dense { matmul, add })
             }
             Self::Blocks(w) => {
                 let args = QMatmulArgs {
@@ -258,6 +296,7 @@ impl GpuMatrix {
                     w,
                     y,
                     y_row,
+                    accumulate: added.is_some(),
                 };
                 let (n, k) = w.shape();
                 Ok(Product::Blocks {
@@ -304,15 +343,27 @@ impl GpuMatrix {
 /// A matrix product prepared for a step.
 #[derive(Debug)]
 pub(crate) enum Product {
-    Dense(PreparedMatmul),
-    Blocks { op: PreparedOp, flops: u64 },
+    /// A dense product, and with a residual its add.
+    Dense {
+        matmul: PreparedMatmul,
+        add: Option<PreparedOp>,
+    },
+    Blocks {
+        op: PreparedOp,
+        flops: u64,
+    },
 }
 
 impl Product {
     /// Records the product (creates nothing).
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
         match self {
-            Self::Dense(p) => p.encode(pass),
+            Self::Dense { matmul, add } => {
+                matmul.encode(pass);
+                if let Some(add) = add {
+                    add.encode(pass);
+                }
+            }
             Self::Blocks { op, .. } => op.encode(pass),
         }
     }
@@ -320,7 +371,7 @@ impl Product {
     /// FLOPs of one recording.
     pub fn flops(&self) -> u64 {
         match self {
-            Self::Dense(p) => p.flops(),
+            Self::Dense { matmul, .. } => matmul.flops(),
             Self::Blocks { flops, .. } => *flops,
         }
     }

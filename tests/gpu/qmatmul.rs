@@ -90,13 +90,22 @@ const MAPPINGS: [QMatmulMapping; 3] = [
 
 /// Runs the product of rows `x_row ..` of `x` into rows `y_row ..` of a sentinel-filled y of
 /// `y_rows` rows with each kernel; checks that they give the same bits and returns y.
-fn run(
+fn run(ctx: &Context, w: &QWeight, x: &[f32], rows: (usize, usize, usize, usize)) -> Vec<f32> {
+    let (n, _) = w.shape();
+    let y0 = vec![UNWRITTEN; rows.3 * n];
+    run_into(ctx, w, x, rows, (&y0, false))
+}
+
+/// [`run`] over a y that starts as `y0`, adding the product into it with `accumulate`.
+fn run_into(
     ctx: &Context,
     w: &QWeight,
     x: &[f32],
     (x_row, rows, y_row, y_rows): (usize, usize, usize, usize),
+    (y0, accumulate): (&[f32], bool),
 ) -> Vec<f32> {
     let (n, _) = w.shape();
+    assert_eq!(y0.len(), y_rows * n);
     let xb = input_buffer(ctx, "x", x).unwrap();
     let mut outs = Vec::new();
     // The row kernel reads weights of 64 KiB or more uploaded on a CPU adapter.
@@ -105,7 +114,7 @@ fn run(
         .filter(|&m| m != QMatmulMapping::Rows || w.has_windows(ctx))
         .collect();
     for &mapping in &mappings {
-        let yb = ctx.filled("y", y_rows * n, UNWRITTEN).unwrap();
+        let yb = ctx.upload("y", y0).unwrap();
         let args = QMatmulArgs {
             x: &xb,
             x_row,
@@ -113,6 +122,7 @@ fn run(
             w,
             y: &yb,
             y_row,
+            accumulate,
         };
         let op = prepare_qmatmul_mapped(ctx, &args, mapping)
             .unwrap_or_else(|e| panic!("{}: {e}", w.ggml_type()));
@@ -277,6 +287,43 @@ fn one_row_over_short_weight_rows_matches_in_every_kernel() {
     }
 }
 
+/// The residual add fused into the product (`accumulate`, the decoder's O and down products):
+/// the product's rows of y become y + W x with the bits of the product followed by the add
+/// (y's value first), in every kernel, over a weight of several windows of the row kernel too;
+/// y's other rows keep their values.
+#[test]
+fn a_product_added_into_y_has_the_bits_of_the_product_then_the_add() {
+    let ctx = gpu();
+    let mut rng = Rng::new(41);
+    let q4 = GgmlType::Q4_1;
+    for (ty, n, k, rows) in [
+        (q4, 13, 64, 3),
+        (GgmlType::Q6_K, 7, 256, 1),
+        (q4, 4 * window_rows(q4, 32) + 5, 32, 1),
+        (GgmlType::F16, window_rows(GgmlType::F16, 64), 64, 2),
+    ] {
+        let w = random_weight(&mut rng, ty, n, k);
+        let weight = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
+        let x = rng.normals((rows + 1) * k, 1.0);
+        let shape = (1, rows, 1, rows + 2);
+        let product = run(ctx, &weight, &x, shape);
+        let y0 = rng.normals((rows + 2) * n, 1.0);
+        let y = run_into(ctx, &weight, &x, shape, (&y0, true));
+        for (i, (&got, &before)) in y.iter().zip(&y0).enumerate() {
+            let want = if (n..(rows + 1) * n).contains(&i) {
+                before + product[i]
+            } else {
+                before
+            };
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "{ty} n {n} k {k} rows {rows}: y[{i}] = {got:e}, want {want:e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_row_gets_the_same_bits_alone_or_in_any_batch() {
     let ctx = gpu();
@@ -382,6 +429,7 @@ fn bad_products_are_refused_before_anything_is_written() {
         w: &weight,
         y: &y,
         y_row,
+        accumulate: false,
     };
     for (what, a) in [
         ("no rows", args(0, 0, 0)),

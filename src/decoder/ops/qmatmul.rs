@@ -31,6 +31,11 @@
 //! workgroup (tested), and every value of `W` is decoded exactly as the CPU does (each is an
 //! exact product in f32, so fused or not it is the same).
 //!
+//! **Adding into y.** With [`QMatmulArgs::accumulate`] every kernel adds each output into `y`
+//! (`y + sum`, one f32 addition) instead of writing it: the decoder's residual adds after the
+//! O and down products, the bits of the product followed by [`add_in_place`](super::add::add_in_place)
+//! and one dispatch fewer each (tested).
+//!
 //! **NaN and infinities** propagate as IEEE arithmetic has them, as in the CPU reference: a NaN
 //! or infinite value of `x`, or a block whose f16 scale is NaN or infinite, makes the outputs
 //! that read it NaN or infinite (the decoder's sampler then refuses NaN and +inf logits, naming
@@ -76,8 +81,8 @@ crate::wgsl_struct! {
         pub x_base: u32,
         /// Index of the dispatch's first y row inside the y binding.
         pub y_base: u32,
-        /// Padding (the row kernel's fields start on 16 bytes).
-        pub _pad0: u32,
+        /// 1: add the product into y (`y += W x`, [`QMatmulArgs::accumulate`]); 0: write it.
+        pub accumulate: u32,
         /// Row kernel: the first weight word inside the binding of window `j` (component
         /// `j`; zeros for the other kernels).
         pub win_w_base: [u32; 4],
@@ -309,6 +314,11 @@ pub struct QMatmulArgs<'a> {
     pub y: &'a wgpu::Buffer,
     /// First row of `y` written.
     pub y_row: usize,
+    /// Add the product into `y` (`y[y_row + t] += W x[x_row + t]`, one f32 addition per
+    /// output, `y`'s value first: the residual add fused into the product, with the bits of
+    /// the product followed by [`add_in_place`](super::add::add_in_place)) instead of writing
+    /// it.
+    pub accumulate: bool,
 }
 
 /// Rows of x per workgroup of the lane kernel for a product of `rows` rows (bits do not depend
@@ -601,6 +611,7 @@ pub fn prepare_qmatmul_mapped(
         w,
         y,
         y_row,
+        accumulate,
     } = *args;
     let (n, k) = w.shape();
     check_positive("qmatmul", &[("rows", rows)])?;
@@ -712,6 +723,7 @@ pub fn prepare_qmatmul_mapped(
                 y_stride: n as u32,
                 x_base: xs.base(),
                 y_base: ys.base,
+                accumulate: u32::from(accumulate),
                 ..QMatmulParams::default()
             };
             if mapping == QMatmulMapping::Rows {
