@@ -305,6 +305,10 @@ fn run_model(ctx: &Context, path: &Path, opts: &TextOptions) -> Result<()> {
     })?;
     println!();
     eprintln!(
+        "warm-up (the prefill's and the decode step's pipelines): {:.2} s",
+        stats.warmup_seconds
+    );
+    eprintln!(
         "prefill: {} tokens in {:.2} s ({:.1} tokens/s); decode: {} tokens in {:.2} s ({:.2} tokens/s)",
         stats.prefill_tokens,
         stats.prefill_seconds,

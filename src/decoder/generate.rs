@@ -4,6 +4,7 @@
 use web_time::Instant;
 
 use super::load::LoadedModel;
+use super::model::Logits;
 use super::sampling::{Sampler, Sampling};
 use crate::cache::paged::{PagedKvCache, PoolSize};
 use crate::gpu::{Context, Counters};
@@ -57,6 +58,9 @@ pub struct TextStats {
     pub text: String,
     /// Prompt tokens prefilled.
     pub prefill_tokens: usize,
+    /// Seconds spent before the prefill making the prefill's and the decode steps'
+    /// pipelines and buffers ([`Decoder::prepare_shape`](super::model::Decoder::prepare_shape)).
+    pub warmup_seconds: f64,
     /// Seconds of the prefill (through the first token's logits).
     pub prefill_seconds: f64,
     /// Decode steps run (one per generated token after the first).
@@ -173,6 +177,15 @@ pub fn generate_text(
     let mut ids = Vec::new();
     let mut text = String::new();
 
+    // The prefill's and the decode steps' pipelines compiled (and their buffers made) before
+    // either is timed.
+    let tw = Instant::now();
+    let max_len = prompt.len() + opts.max_tokens;
+    for lens in [prompt.len(), 1] {
+        model.prepare_shape(ctx, &cache, &[lens], Logits::Last, max_len)?;
+    }
+    let warmup_seconds = tw.elapsed().as_secs_f64();
+
     let t0 = Instant::now();
     let first = model.forward(ctx, &mut cache, &[(seq, &prompt)])?;
     let prefill_seconds = t0.elapsed().as_secs_f64();
@@ -215,6 +228,7 @@ pub fn generate_text(
         prompt_ids: prompt,
         ids,
         text,
+        warmup_seconds,
         prefill_seconds,
         decode_tokens,
         decode_seconds: t1.elapsed().as_secs_f64(),

@@ -711,14 +711,7 @@ impl Decoder {
         encoder: &mut wgpu::CommandEncoder,
     ) -> Result<PendingStep> {
         let c = self.config;
-        let kc = cache.config();
-        if kc.layers != c.layers || kc.num_kv_heads != c.n_kv_heads || kc.head_dim_k != c.head_dim {
-            return Err(Error::InvalidArgument(format!(
-                "the cache ({} layers, {} KV heads of {}) does not fit the model ({} layers, {} \
-                 KV heads of {})",
-                kc.layers, kc.num_kv_heads, kc.head_dim_k, c.layers, c.n_kv_heads, c.head_dim
-            )));
-        }
+        self.check_cache(cache)?;
         if batch.is_empty() {
             return Err(Error::InvalidArgument("an empty batch".into()));
         }
@@ -768,22 +761,9 @@ impl Decoder {
 
         // The step's resources: found for a known shape, else made now (before the cache
         // changes, so that a failed creation leaves it as it was).
-        let mut guard = self.steps.lock().unwrap_or_else(|poisoned| {
-            // A panic mid-step may have left a plan recorded but not submitted: start afresh.
-            self.steps.clear_poison();
-            let mut guard = poisoned.into_inner();
-            *guard = StepCache::default();
-            guard
-        });
+        let mut guard = self.lock_steps();
         let st = &mut *guard;
-        if st.scratch.as_ref().is_none_or(|s| s.tokens < t) {
-            // Every prepared step binds the old activations: drop them with it.
-            st.steps.clear();
-            st.scratch = None;
-            // Rounded up, so that steps of growing length (a recomputing run) do not make new
-            // activations every step.
-            st.scratch = Some(Scratch::new(ctx, &c, t.next_power_of_two().max(16))?);
-        }
+        self.ensure_scratch(ctx, st, t)?;
         let s = st.scratch.as_ref().expect("made above");
         let pool_blocks = cache.allocator().num_blocks();
         // A step recorded into an encoder that was never submitted leaves its plans waiting for
@@ -831,6 +811,97 @@ impl Decoder {
             st.steps.remove(0);
         }
         Ok(pending)
+    }
+
+    /// [`Error::InvalidArgument`] unless `cache` has the model's layers and KV heads.
+    fn check_cache(&self, cache: &PagedKvCache) -> Result<()> {
+        let c = self.config;
+        let kc = cache.config();
+        if kc.layers != c.layers || kc.num_kv_heads != c.n_kv_heads || kc.head_dim_k != c.head_dim {
+            return Err(Error::InvalidArgument(format!(
+                "the cache ({} layers, {} KV heads of {}) does not fit the model ({} layers, {} \
+                 KV heads of {})",
+                kc.layers, kc.num_kv_heads, kc.head_dim_k, c.layers, c.n_kv_heads, c.head_dim
+            )));
+        }
+        Ok(())
+    }
+
+    /// Makes ahead of time what a step of `lens` new tokens per sequence (one entry per
+    /// sequence) reading the logits `which` records over `cache`, for sequences of up to
+    /// `max_len` tokens: the pipelines of its products and element-wise ops (which a driver
+    /// may take seconds to compile), its buffers and bind groups. A later step of that shape
+    /// finds them ([`encode_step`](Self::encode_step) makes them otherwise), so a generation
+    /// can compile its prefill and decode shapes before it times them. The attention and
+    /// append plans still bind the step's inputs (and make the pipelines of the kernels its
+    /// lengths pick) at the shape's first recording. Changes nothing in the cache.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a cache of another shape, no sequence or a sequence of no
+    /// tokens; creation errors.
+    pub fn prepare_shape(
+        &self,
+        ctx: &Context,
+        cache: &PagedKvCache,
+        lens: &[usize],
+        which: Logits,
+        max_len: usize,
+    ) -> Result<()> {
+        self.check_cache(cache)?;
+        if lens.is_empty() || lens.contains(&0) {
+            return Err(Error::InvalidArgument(format!(
+                "a step shape needs sequences of at least one token, not {lens:?}"
+            )));
+        }
+        let shape = StepShape {
+            cache: cache.id(),
+            lens: lens.to_vec(),
+            which,
+        };
+        let mut guard = self.lock_steps();
+        let st = &mut *guard;
+        self.ensure_scratch(ctx, st, shape.tokens())?;
+        if st.steps.iter().any(|p| p.shape == shape) {
+            return Ok(());
+        }
+        let s = st.scratch.as_ref().expect("made above");
+        let alloc = cache.allocator();
+        let blocks = blocks_capacity(alloc.blocks_for(max_len.max(1)), alloc.num_blocks());
+        let step = self.prepare_step(ctx, cache, shape, s, blocks)?;
+        st.steps.push(step);
+        if st.steps.len() > MAX_SHAPES {
+            st.steps.remove(0);
+        }
+        Ok(())
+    }
+
+    /// The prepared steps, emptied when a panic mid-step poisoned them (a plan may have been
+    /// recorded but not submitted: start afresh).
+    fn lock_steps(&self) -> std::sync::MutexGuard<'_, StepCache> {
+        self.steps.lock().unwrap_or_else(|poisoned| {
+            self.steps.clear_poison();
+            let mut guard = poisoned.into_inner();
+            *guard = StepCache::default();
+            guard
+        })
+    }
+
+    /// Activations for steps of `t` tokens in `st` (made anew, with every prepared step
+    /// dropped, when the current ones are smaller).
+    fn ensure_scratch(&self, ctx: &Context, st: &mut StepCache, t: usize) -> Result<()> {
+        if st.scratch.as_ref().is_none_or(|s| s.tokens < t) {
+            // Every prepared step binds the old activations: drop them with it.
+            st.steps.clear();
+            st.scratch = None;
+            // Rounded up, so that steps of growing length (a recomputing run) do not make new
+            // activations every step.
+            st.scratch = Some(Scratch::new(
+                ctx,
+                &self.config,
+                t.next_power_of_two().max(16),
+            )?);
+        }
+        Ok(())
     }
 
     /// Records a prepared step (whose plans were updated for this step) into `pass`.

@@ -2,7 +2,9 @@
 //! decode step, a decode step of the same batch shape is exactly one submission and creates
 //! no buffer, no bind group and no pipeline (`Context::counters` around `Decoder::forward`),
 //! across block boundaries, for one sequence and for a batch of two; and its logits are the
-//! bits of a cold run, where every step is made by a freshly uploaded decoder (nothing reused).
+//! bits of a cold run, where every step is made by a freshly uploaded decoder (nothing reused);
+//! with its shapes prepared ahead (`Decoder::prepare_shape`) the first prefill and decode step
+//! create no buffer.
 //!
 //! Each test has a context of its own, so that other tests' work does not count.
 
@@ -210,4 +212,73 @@ fn warm_steps_of_two_shapes_and_all_logits_create_nothing() {
         cold_last.logits == last,
         "chunked warm steps and a cold prefill differ"
     );
+}
+
+#[test]
+fn shapes_prepared_ahead_leave_the_first_steps_only_the_plans_bindings() {
+    // `Decoder::prepare_shape` for the prefill and the decode shapes (what `generate_text` does
+    // before it times them) makes their products' and ops' pipelines, buffers and bind groups:
+    // the first prefill and decode step create no buffer (the attention and append plans
+    // still bind their inputs then), the next step nothing, and the logits have the bits of a
+    // decoder that made its steps as it went.
+    let ctx = own_context(None);
+    let c = toy_config(2);
+    let w = random_weights(&c, 33);
+    let ids = tokens(12, c.vocab, 10);
+    let model = Decoder::upload(&ctx, c, &w, Precision::F32).unwrap();
+    let mut cache = cache_for(&ctx, &c, KvDtype::F16, &[0]);
+    for lens in [9, 1] {
+        let before = ctx.counters();
+        model
+            .prepare_shape(&ctx, &cache, &[lens], Logits::Last, ids.len())
+            .unwrap();
+        let made = ctx.counters().since(&before);
+        assert_eq!(made.submissions, 0, "{made:?}");
+        assert!(made.bind_groups_created > 0, "{lens}: {made:?}");
+        // Prepared already: nothing more.
+        let before = ctx.counters();
+        model
+            .prepare_shape(&ctx, &cache, &[lens], Logits::Last, ids.len())
+            .unwrap();
+        assert_eq!(ctx.counters().since(&before).bind_groups_created, 0);
+    }
+    assert_eq!(cache.allocator().len(0).unwrap(), 0, "the cache changed");
+    let mut warm = Vec::new();
+    for (i, step) in [&ids[..9], &ids[9..10], &ids[10..11]]
+        .into_iter()
+        .enumerate()
+    {
+        let (logits, counters) = counted(&ctx, &model, &mut cache, &[(0, step)], Logits::Last);
+        if i < 2 {
+            // The attention and append plans bind their inputs at a shape's first recording.
+            assert_eq!(counters.submissions, 1, "step {i}: {counters:?}");
+            assert_eq!(counters.buffers_created, 0, "step {i}: {counters:?}");
+        } else {
+            assert_warm(&format!("step {i}"), &counters);
+        }
+        warm.push(logits);
+    }
+    let steps: Vec<Vec<(SeqId, Vec<u32>)>> = [&ids[..9], &ids[9..10], &ids[10..11]]
+        .iter()
+        .map(|t| vec![(0, t.to_vec())])
+        .collect();
+    let cold = cold_run(&ctx, (&c, &w), KvDtype::F16, &steps);
+    for (i, (a, b)) in warm.iter().zip(&cold).enumerate() {
+        assert!(
+            a.iter()
+                .map(|v| v.to_bits())
+                .eq(b.iter().map(|v| v.to_bits())),
+            "step {i}: logits differ from a decoder that made its steps as it went"
+        );
+    }
+    // Bad shapes and a cache of another model are refused.
+    for bad in [&[][..], &[0][..], &[3, 0][..]] {
+        assert!(model
+            .prepare_shape(&ctx, &cache, bad, Logits::Last, 4)
+            .is_err());
+    }
+    let other = cache_for(&ctx, &toy_config(8), KvDtype::F32, &[0]);
+    assert!(model
+        .prepare_shape(&ctx, &other, &[1], Logits::Last, 4)
+        .is_err());
 }
