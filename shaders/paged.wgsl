@@ -530,21 +530,22 @@ fn attend(wid: vec3<u32>, tid: u32) {
         f[t] = exp(m[t] - mt);
     }
     // Each row's max, sum and poisoned flag over the groups, once (visible to all after the
-    // barriers below).
-    if tid < TILE {
+    // barriers below). A workgroup may have fewer invocations than the tile has rows (one lane
+    // a key and few groups: WG 8 with tiles of 16), so each invocation takes rows WG apart.
+    for (var t = tid; t < TILE; t += WG) {
         var mt = MASKED;
         var poisoned = 0u;
         for (var g = 0u; g < NG; g++) {
-            mt = max(mt, grp_m[g * TILE + tid]);
-            poisoned |= grp_bad[g * TILE + tid];
+            mt = max(mt, grp_m[g * TILE + t]);
+            poisoned |= grp_bad[g * TILE + t];
         }
         var lt = 0.0;
         for (var g = 0u; g < NG; g++) {
-            lt = fma(grp_l[g * TILE + tid], exp(grp_m[g * TILE + tid] - mt), lt);
+            lt = fma(grp_l[g * TILE + t], exp(grp_m[g * TILE + t] - mt), lt);
         }
-        row_m[tid] = mt;
-        row_l[tid] = lt;
-        row_bad[tid] = poisoned;
+        row_m[t] = mt;
+        row_l[t] = lt;
+        row_bad[t] = poisoned;
     }
     for (var g = 0u; g < NG; g++) {
         if grp == g {

@@ -924,6 +924,12 @@ mod tests {
                 "head dim {d}"
             );
         }
+        // Rows of one chunk take one lane a key: on a GPU, f32 at head dim 4 gets 8
+        // invocations, fewer than the tile's 16 rows. paged.wgsl combines every row of such a
+        // tile (`a_tile_of_more_rows_than_invocations_writes_every_row`).
+        let l =
+            WorkgroupLayout::new(&shape(8, 4, 4), &geometry(KvDtype::F32, 4, None), &sg8).unwrap();
+        assert_eq!((l.key_lanes, l.wg, l.full_tile), (1, 8, 16));
         // No subgroups (DX12, GL): the portable sums.
         let l = WorkgroupLayout::new(
             &shape(8, 128, 128),

@@ -1297,3 +1297,39 @@ fn a_pool_over_many_buffers_gives_the_bits_of_a_pool_in_one_buffer() {
         }
     }
 }
+
+#[test]
+fn a_tile_of_more_rows_than_invocations_writes_every_row() {
+    // One lane a key (rows of one 16-byte chunk: f32 at head dim 4, FP8 and int8 at 16) gives
+    // workgroups of 8 invocations, fewer than a tile of 16 rows (GPUs take 16 rows of f32 at
+    // head dim 4, CPU adapters of the 8-bit formats too): every row's max and sum must still be
+    // combined. Prefill chunks of 9 and 17 tokens times a group of 4 fill such tiles.
+    let ctx = Context::with_options(&ContextOptions {
+        attention_kernel: Some(AttentionKernel::Workgroup),
+        ..Default::default()
+    })
+    .unwrap();
+    for (d, dtype) in [
+        (4, KvDtype::F32),
+        (16, KvDtype::Fp8E4M3),
+        (16, KvDtype::Int8),
+    ] {
+        let shape = AttentionShape {
+            num_q_heads: 8,
+            num_kv_heads: 2,
+            head_dim_qk: d,
+            head_dim_v: d,
+        };
+        let storage = Storage::uniform(dtype);
+        let b = HostBatch::new(shape, &[(9, 9), (1, 1), (57, 17)], d as u64);
+        let cache = b.cache_as(&ctx, &storage, 8);
+        let opts = AttentionOptions::default();
+        let want = b.reference_as(&storage, &opts);
+        for precision in precisions(&ctx) {
+            let got = run(&ctx, &cache, &b, &opts, precision);
+            let w16 = (precision == Precision::F16).then(|| reference_f16(&b, &storage, &opts));
+            let name = format!("hd{d} {} {}", storage.name(), precision.name());
+            check(&name, precision, &got, &want, w16.as_ref());
+        }
+    }
+}
