@@ -55,6 +55,12 @@ const MAX_AREG: usize = 32;
 /// the words of the key's K and V rows loaded per tile, so a row as long as MLA's latent (576
 /// values) takes tiles of 8 heads rather than the 1 the register budget allows a GPU.
 const CPU_TILE: usize = 8;
+/// The register budget of a CPU adapter, in query (and accumulator) vec4s an invocation: twice a
+/// GPU's, so that rows of up to 4 vec4s a lane (head dim 128 in f16 or 8-bit formats, on 8
+/// lanes) take tiles of 16 rather than 8. On lavapipe that took prefill of 512 queries after
+/// 4,096 keys from 2.76 to 2.41 s, while MLA's heads (18 query vec4s a lane) were slower in
+/// tiles of 16 than of 8 (145 against 136 ms): past [`CPU_TILE`] the budget decides.
+const CPU_REGS: usize = 2 * MAX_QREG;
 /// Most lanes sharing a key row.
 const MAX_KEY_LANES: u32 = 32;
 /// Pool buffers (K and V each) one dispatch of an attention kernel binds at most: a pool over
@@ -232,7 +238,7 @@ impl WorkgroupLayout {
         // The lanes (and so the bits) are those of any device with these subgroups; a CPU
         // adapter only takes more rows a tile.
         let (max_q, max_a) = if fit.cpu {
-            (MAX_QREG.max(CPU_TILE * q), MAX_AREG.max(CPU_TILE * a))
+            (CPU_REGS.max(CPU_TILE * q), CPU_REGS.max(CPU_TILE * a))
         } else {
             (MAX_QREG, MAX_AREG)
         };
@@ -897,7 +903,7 @@ mod tests {
         // A CPU adapter (lavapipe): the same lanes, and so the same bits, but tiles of up to
         // CPU_TILE rows where a GPU's register budget takes fewer: MLA's f16 latent row (18
         // query and 16 accumulator vec4s a head on 8 lanes) gets 8 heads a tile, not 1; rows
-        // that already take 8 keep their tile.
+        // that fit CPU_REGS take more (head dim 128: 16 rather than 8; 256: 8 rather than 4).
         let cpu = DeviceFit { cpu: true, ..sg8 };
         let mla = (shape(128, 576, 512), geometry(KvDtype::F16, 512, Some(64)));
         let on_gpu = WorkgroupLayout::new(&mla.0, &mla.1, &sg8).unwrap();
@@ -910,7 +916,7 @@ mod tests {
                 ..on_gpu
             }
         );
-        for (d, gpu_tile) in [(128, 8), (256, 4)] {
+        for (d, gpu_tile, cpu_tile) in [(128, 8, 16), (256, 4, 8)] {
             let (s, g) = (shape(32, d, d), geometry(KvDtype::F16, d, None));
             let on_gpu = WorkgroupLayout::new(&s, &g, &sg8).unwrap();
             let on_cpu = WorkgroupLayout::new(&s, &g, &cpu).unwrap();
@@ -918,18 +924,19 @@ mod tests {
             assert_eq!(
                 on_cpu,
                 WorkgroupLayout {
-                    full_tile: 8,
+                    full_tile: cpu_tile,
                     ..on_gpu
                 },
                 "head dim {d}"
             );
         }
-        // Rows of one chunk take one lane a key: on a GPU, f32 at head dim 4 gets 8
-        // invocations, fewer than the tile's 16 rows. paged.wgsl combines every row of such a
-        // tile (`a_tile_of_more_rows_than_invocations_writes_every_row`).
-        let l =
-            WorkgroupLayout::new(&shape(8, 4, 4), &geometry(KvDtype::F32, 4, None), &sg8).unwrap();
-        assert_eq!((l.key_lanes, l.wg, l.full_tile), (1, 8, 16));
+        // Rows of one chunk take one lane a key: 8 invocations, fewer than the tile's 16 rows
+        // (f32 at head dim 4 on a GPU; FP8 at 16 on a CPU adapter). paged.wgsl combines every
+        // row of such a tile (`a_tile_of_more_rows_than_invocations_writes_every_row`).
+        for (d, dtype, fit) in [(4, KvDtype::F32, &sg8), (16, KvDtype::Fp8E4M3, &cpu)] {
+            let l = WorkgroupLayout::new(&shape(8, d, d), &geometry(dtype, d, None), fit).unwrap();
+            assert_eq!((l.key_lanes, l.wg, l.full_tile), (1, 8, 16), "{dtype} {d}");
+        }
         // No subgroups (DX12, GL): the portable sums.
         let l = WorkgroupLayout::new(
             &shape(8, 128, 128),
