@@ -92,6 +92,13 @@ const MAX_CHK: u32 = 32u;
 // host allows (PAIRS: GPUs by default; on lavapipe pairs measured slower).
 const PAIR: u32 = 2u;
 override PAIRS: bool = true;
+// With one key a step (KEY_STEP = 1: MLA, or one lane a key), two steps a pass (the first key
+// loop), the same bits as one (the second). On lavapipe this made MLA absorbed decode 1.3x
+// faster (tiles of 8 heads: the query and accumulator vec4s, which a CPU adapter keeps in
+// memory, read once for two keys); not yet measured on a GPU, where it is off by default
+// (ContextOptions::step_pairs).
+override STEP_PAIRS: bool = false;
+override STEP_PAIRED: bool = STEP_PAIRS && KEY_STEP == 1u;
 override PAIRED: bool = PAIRS && KEY_STEP > 1u && TILE <= 4u && K_DTYPE != KV_INT4
     && V_DTYPE != KV_INT4;
 
@@ -240,10 +247,157 @@ fn attend(wid: vec3<u32>, tid: u32) {
     let own = lane % KEY_STEP;
     // With PAIRED, the distance between the two keys of a pair (1 where there are no pairs).
     let pair_gap = max(KEY_STEP / PAIR, 1u);
+    // With STEP_PAIRED (one key a step, KEY_STEP = 1: MLA, or one lane a key), two steps a pass:
+    // keys first and first + NG of the group, one after the other. Their rows are loaded
+    // together, each query vec4 is read once for both dot products and each accumulator once
+    // for both keys' updates, but every value meets the same operations in the same order as
+    // in the loop below (the softmax of the first key, then the second's, each element of the
+    // output rescaled and added to for the first key, then for the second), so the bits are
+    // those of one key a step. A key past the range is a step no row sees, as below.
+    let span2 = PAIR * NG;
+    let base2 = it.key_start - it.key_start % span2;
+    let passes = select(0u, (it.key_end - base2 + span2 - 1u) / span2, STEP_PAIRED);
+    for (var s = 0u; s < passes; s++) {
+        let first = base2 + s * span2 + grp;
+        var live: array<bool, PAIR>;
+        var kat: array<vec2<u32>, PAIR>;
+        var kw: array<vec4<u32>, PAIR * MAX_CHK>;
+        var kg: array<vec2<f32>, PAIR * MAX_CHK>;
+        var ks: array<f32, PAIR>;
+        for (var e = 0u; e < PAIR; e++) { // @unroll
+            let j = first + e * NG;
+            live[e] = j >= it.key_start && j < it.key_end;
+            kat[e] = key_at(it, kv_head, clamp(j, it.key_start, it.key_end - 1u));
+            for (var c = 0u; c < CHK; c++) { // @unroll
+                let ci = lane + c * KEY_LANES;
+                if ci < K_CH {
+                    kw[e * MAX_CHK + c] = pool_chunk(kat[e].x, kat[e].y, ci);
+                    kg[e * MAX_CHK + c] = chunk_group(kat[e].x, kat[e].y, ci);
+                }
+            }
+            ks[e] = kv_row_scale(kat[e].x, kat[e].y);
+        }
+
+        // 1. Both keys' dot products with every row (the latent part, its row scale, then the
+        // RoPE part), summed over the group's lanes.
+        var d0: array<f32, MAX_TILE>;
+        var d1: array<f32, MAX_TILE>;
+        for (var c = 0u; c < CHK; c++) { // @unroll
+            let ci = lane + c * KEY_LANES;
+            if ci < K_CH {
+                for (var p = 0u; p < QK; p++) { // @unroll
+                    let k0 = vec4<f32>(real4(kv_quad_of(K_DTYPE, kw[c], p, kg[c])));
+                    let k1 = vec4<f32>(real4(kv_quad_of(K_DTYPE, kw[MAX_CHK + c], p,
+                        kg[MAX_CHK + c])));
+                    for (var t = 0u; t < TILE; t++) { // @unroll
+                        let qv = qreg[(t * CHK + c) * QK + p];
+                        d0[t] = dot_fma(qv, k0, d0[t]);
+                        d1[t] = dot_fma(qv, k1, d1[t]);
+                    }
+                }
+            }
+        }
+        for (var t = 0u; t < TILE; t++) { // @unroll
+            d0[t] *= ks[0];
+            d1[t] *= ks[1];
+        }
+        for (var c = 0u; c < CHR; c++) { // @unroll
+            let ci = lane + c * KEY_LANES;
+            if ci < R_CH {
+                let w0 = pool_chunk(kat[0].x + 1u, kat[0].y, ci);
+                let w1 = pool_chunk(kat[1].x + 1u, kat[1].y, ci);
+                for (var p = 0u; p < QR; p++) { // @unroll
+                    let k0 = vec4<f32>(real4(kv_quad_of(V_DTYPE, w0, p, vec2<f32>(0.0))));
+                    let k1 = vec4<f32>(real4(kv_quad_of(V_DTYPE, w1, p, vec2<f32>(0.0))));
+                    for (var t = 0u; t < TILE; t++) { // @unroll
+                        let qv = qreg[r_at + (t * CHR + c) * QR + p];
+                        d0[t] = dot_fma(qv, k0, d0[t]);
+                        d1[t] = dot_fma(qv, k1, d1[t]);
+                    }
+                }
+            }
+        }
+        for (var t = 0u; t < TILE; t++) { // @unroll
+            d0[t] = select(0.0, d0[t], live[0]);
+            d1[t] = select(0.0, d1[t], live[1]);
+        }
+        var dd: array<array<f32, MAX_TILE>, PAIR>;
+        dd[0] = lanes_sum_rows(d0);
+        dd[1] = lanes_sum_rows(d1);
+
+        // 2 and 3. Each key's scores and softmax step, the first key's before the second's.
+        var alpha: array<array<f32, MAX_TILE>, PAIR>;
+        var raised: array<array<bool, MAX_TILE>, PAIR>;
+        var pv: array<array<f32, MAX_TILE>, PAIR>;
+        for (var e = 0u; e < PAIR; e++) { // @unroll
+            let jc = clamp(first + e * NG, it.key_start, it.key_end - 1u);
+            let vp = kat[e].x + value_pool();
+            let v_scale = select(1.0, kv_row_scale(vp, kat[e].y), kv_row_scaled(vp));
+            for (var t = 0u; t < TILE; t++) { // @unroll
+                let p_t = pos[t];
+                var visible = live[e];
+                if causal {
+                    visible = visible && jc <= p_t
+                        && (params.window == 0u || p_t - jc < params.window);
+                }
+                let dist = select(jc - p_t, p_t - jc, p_t >= jc);
+                let sc = score_of(dd[e][t], params.scale, params.softcap, slope[t] * f32(dist));
+                bad[t] = bad[t] || (visible && sc.poison);
+                let sv = select(MASKED, sc.value, visible);
+                let mt = max(m[t], sv);
+                raised[e][t] = mt > m[t];
+                alpha[e][t] = select(1.0, exp(m[t] - mt), raised[e][t]);
+                let p = f32(real(softmax_weight(sv, mt)));
+                l[t] = fma(l[t], alpha[e][t], p);
+                m[t] = mt;
+                pv[e][t] = select(0.0, p * v_scale, bits_nonzero(p));
+            }
+        }
+
+        // 4. The value rows (the latent chunks read above for MLA), each element rescaled and
+        // added to for the first key, then for the second.
+        for (var c = 0u; c < CHV; c++) { // @unroll
+            let ci = lane + c * KEY_LANES;
+            if ci < V_CH {
+                var vw: array<vec4<u32>, PAIR>;
+                var vg: array<vec2<f32>, PAIR>;
+                for (var e = 0u; e < PAIR; e++) { // @unroll
+                    if value_pool() == 0u {
+                        vw[e] = kw[e * MAX_CHK + c];
+                        vg[e] = kg[e * MAX_CHK + c];
+                    } else {
+                        vw[e] = pool_chunk(kat[e].x + 1u, kat[e].y, ci);
+                        vg[e] = chunk_group(kat[e].x + 1u, kat[e].y, ci);
+                    }
+                }
+                for (var p = 0u; p < QV; p++) { // @unroll
+                    let v0 = vec4<f32>(real4(kv_quad_of(v_dtype, vw[0], p, vg[0])));
+                    let v1 = vec4<f32>(real4(kv_quad_of(v_dtype, vw[1], p, vg[1])));
+                    for (var t = 0u; t < TILE; t++) { // @unroll
+                        let a = (t * CHV + c) * QV + p;
+                        var o = acc[a];
+                        if raised[0][t] {
+                            o = o * alpha[0][t];
+                        }
+                        if bits_nonzero(pv[0][t]) {
+                            o = fma(vec4<f32>(pv[0][t]), v0, o);
+                        }
+                        if raised[1][t] {
+                            o = o * alpha[1][t];
+                        }
+                        if bits_nonzero(pv[1][t]) {
+                            o = fma(vec4<f32>(pv[1][t]), v1, o);
+                        }
+                        acc[a] = o;
+                    }
+                }
+            }
+        }
+    }
     // MLA (the values are the K pool row) keeps the latent's chunks of its one key a step.
     var kwords: array<vec4<u32>, MAX_CHK>;
     var kgroups: array<vec2<f32>, MAX_CHK>;
-    for (var s = 0u; s < steps; s++) {
+    for (var s = 0u; !STEP_PAIRED && s < steps; s++) {
         let first = base + s * span + grp;
 
         // 1. Each key's dot products with every row: this lane's part, then the whole sums, kept

@@ -102,6 +102,8 @@ pub struct DeviceFit {
     pub cpu: bool,
     /// Keys two at a time where the tile allows ([`crate::gpu::Capabilities::key_pairs`]).
     pub pairs: bool,
+    /// Two one-key steps a pass ([`crate::gpu::Capabilities::step_pairs`]).
+    pub step_pairs: bool,
 }
 
 impl DeviceFit {
@@ -115,6 +117,7 @@ impl DeviceFit {
         key_lanes: None,
         cpu: false,
         pairs: true,
+        step_pairs: false,
     };
 
     /// The fit of `ctx`'s device.
@@ -129,6 +132,7 @@ impl DeviceFit {
             key_lanes: caps.key_lanes,
             cpu: caps.cpu_adapter,
             pairs: caps.key_pairs,
+            step_pairs: caps.step_pairs,
         }
     }
 
@@ -169,6 +173,10 @@ pub struct WorkgroupLayout {
     /// A step's keys are taken two at a time where the tile allows (`PAIRS`; the kernel does so
     /// for tiles of at most 4 rows without int4, `PAIRED`). The bits are the same either way.
     pub pairs: bool,
+    /// Where a step is one key (`key_step` 1), two steps a pass (`STEP_PAIRS`): both keys'
+    /// rows loaded together, each query and accumulator value read once for both, every value
+    /// meeting the same operations in the same order. The bits are the same either way.
+    pub step_pairs: bool,
 }
 
 impl WorkgroupLayout {
@@ -277,6 +285,7 @@ impl WorkgroupLayout {
                     columns,
                     full_tile,
                     pairs: fit.pairs,
+                    step_pairs: fit.step_pairs,
                 });
             }
             if wg <= key_lanes {
@@ -308,7 +317,7 @@ impl WorkgroupLayout {
     }
 
     /// Names of the override constants of a layout.
-    const LAYOUT_NAMES: [&'static str; 11] = [
+    const LAYOUT_NAMES: [&'static str; 12] = [
         "WG",
         "KEY_LANES",
         "KEY_STEP",
@@ -320,11 +329,12 @@ impl WorkgroupLayout {
         "QV",
         "QR",
         "PAIRS",
+        "STEP_PAIRS",
     ];
 
     /// The override constants of this layout (beside the shape's and formats'), named as
     /// [`Self::LAYOUT_NAMES`].
-    fn constants(&self) -> [(&'static str, f64); 11] {
+    fn constants(&self) -> [(&'static str, f64); 12] {
         [
             ("WG", f64::from(self.wg)),
             ("KEY_LANES", f64::from(self.key_lanes)),
@@ -337,6 +347,7 @@ impl WorkgroupLayout {
             ("QV", f64::from(self.columns[1])),
             ("QR", f64::from(self.columns[2])),
             ("PAIRS", f64::from(u8::from(self.pairs))),
+            ("STEP_PAIRS", f64::from(u8::from(self.step_pairs))),
         ]
     }
 }
@@ -524,7 +535,7 @@ pub fn representative_constants(_precision: Precision) -> Vec<Vec<(&'static str,
 /// The constants of the workgroup kernel for `shape` over pools `k` and `v` as a device would
 /// plan them within WebGPU's baseline limits (the portable sums' memory included, as the naga
 /// tests check every variant with every set): lanes chosen and keys two at a time for even `i`,
-/// 8 lanes forced and keys one at a time for odd `i`.
+/// 8 lanes forced, keys one at a time and one-key steps two a pass for odd `i`.
 fn workgroup_set(
     shape: &AttentionShape,
     k: PoolLayout,
@@ -550,8 +561,10 @@ fn workgroup_set(
     };
     let mut layout = WorkgroupLayout::new(shape, &geometry, &fit)
         .expect("the representative shapes fit the baseline limits");
-    // Keys two at a time (a GPU's default) for even `i`, one at a time for odd `i`.
+    // Keys two at a time (a GPU's default) for even `i`, one at a time for odd `i`, whose
+    // one-key steps (MLA) go two a pass (a CPU adapter's default).
     layout.pairs = i % 2 == 0;
+    layout.step_pairs = i % 2 == 1;
     constants(shape, layout.full_tile, &k, &v, mla, Some(&layout))
 }
 
@@ -831,6 +844,7 @@ mod tests {
             key_lanes: None,
             cpu: false,
             pairs: true,
+            step_pairs: false,
         };
         // Pool slots: what the storage bindings leave, from 1 to MAX_POOL_SLOTS.
         assert_eq!(gpu.pool_slots(1), MAX_POOL_SLOTS);

@@ -15,7 +15,7 @@ use kvattn::reference::AttentionOutput;
 use kvattn::shader::Precision;
 use kvattn::Error;
 
-use crate::common::{gpu, gpu_capped, grid_stride, max_abs_err, output_scale, Rng, Worst};
+use crate::common::{gpu, gpu_capped, grid_stride, is_gl, max_abs_err, output_scale, Rng, Worst};
 
 /// A batch on the host: per sequence (len_q, len_k), its latent rows and RoPE keys (token order),
 /// the queries and one layer's weights.
@@ -363,6 +363,56 @@ fn a_sequence_gets_the_same_bits_alone_or_batched_on_both_paths() {
                 "{what}: lse differ"
             );
         }
+    }
+}
+
+#[test]
+fn one_key_steps_two_a_pass_give_the_bits_of_one_a_pass() {
+    // The workgroup kernel takes MLA's keys one a step; with step pairs (ContextOptions::
+    // step_pairs, a CPU adapter's default) two steps a pass, both keys' rows loaded together
+    // and each query and accumulator value read once for both, with the arithmetic of one key
+    // a step. So both forms give the same bits: decode rows and chunks after a prefix, lengths
+    // that leave the second key of a pass past a split's keys (1, 37, 130), pools over several
+    // bindings, a 16-bit, an 8-bit and the int4 latent, and the RoPE part in both shapes.
+    let context = |pairs| {
+        Context::with_options(&ContextOptions {
+            max_storage_binding_cap: Some(64 << 10),
+            attention_kernel: Some(AttentionKernel::Workgroup),
+            step_pairs: Some(pairs),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let (on, off) = (context(true), context(false));
+    assert!(on.caps().step_pairs && !off.caps().step_pairs);
+    let shapes = small_shapes();
+    let lens = [(1, 1), (1, 37), (9, 40), (1, 130)];
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    // On GL (the second backend in CI, where each written-out variant compiles for seconds) the
+    // 16-bit latent alone.
+    let latents: &[KvDtype] = if is_gl(&on) {
+        &[KvDtype::F16]
+    } else {
+        &[KvDtype::F16, KvDtype::Int8, KvDtype::Int4]
+    };
+    for (n, &latent) in latents.iter().enumerate() {
+        let shape = shapes[n % shapes.len()];
+        let b = HostMla::new(shape, &lens, 500 + n as u64);
+        let run = |ctx: &Context| {
+            let cache = b.cache(ctx, config(&shape, latent, [16, 1, 64][n]));
+            let got = b.run(ctx, &cache, MlaPath::Absorbed, Precision::F32, None);
+            (got, b.reference(ctx, &cache))
+        };
+        let ((paired, want), (single, _)) = (run(&on), run(&off));
+        let what = format!("{shape:?} {latent}");
+        check(
+            &format!("{what}, two steps a pass"),
+            Precision::F32,
+            &paired,
+            &want,
+        );
+        assert_eq!(bits(&paired.out), bits(&single.out), "{what}: outputs");
+        assert_eq!(bits(&paired.lse), bits(&single.lse), "{what}: lse");
     }
 }
 

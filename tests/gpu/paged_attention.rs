@@ -790,6 +790,65 @@ fn keys_two_at_a_time_give_the_bits_of_one_at_a_time() {
 }
 
 #[test]
+fn one_lane_a_key_two_steps_a_pass_gives_the_bits_of_one_a_pass() {
+    // With one lane a key row (key_lanes 1) each step of the workgroup kernel is one key, as in
+    // MLA; with step pairs (ContextOptions::step_pairs) two steps go in one pass, the values
+    // then read from the V pool (MLA's are the latent already loaded). The same bits either
+    // way: a decode and a prefill batch with lengths that leave half a pass past a split's
+    // keys, a 16-bit format and int4.
+    let shape = AttentionShape {
+        num_q_heads: 6,
+        num_kv_heads: 2,
+        head_dim_qk: 64,
+        head_dim_v: 64,
+    };
+    let decode = HostBatch::new(shape, &[(700, 1), (5, 1), (97, 1)], 47);
+    let prefill = HostBatch::new(shape, &[(97, 20), (16, 16)], 48);
+    let opts = AttentionOptions::default();
+    let context = |pairs| {
+        Context::with_options(&ContextOptions {
+            key_lanes: Some(1),
+            step_pairs: Some(pairs),
+            attention_kernel: Some(AttentionKernel::Workgroup),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let (on, off) = (context(true), context(false));
+    assert!(on.caps().step_pairs && !off.caps().step_pairs);
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    // On GL (the second backend in CI, where each written-out variant compiles for seconds) the
+    // decode batch in the 16-bit format alone.
+    let (batches, dtypes): (&[_], &[_]) = if is_gl(&on) {
+        (&[("decode", &decode)], &[KvDtype::F16])
+    } else {
+        (
+            &[("decode", &decode), ("prefill", &prefill)],
+            &[KvDtype::F16, KvDtype::Int4],
+        )
+    };
+    for &(name, b) in batches {
+        for &dtype in dtypes {
+            let attend = |ctx: &Context| {
+                let cache = b.cache(ctx, dtype, 16);
+                run(ctx, &cache, b, &opts, Precision::F32)
+            };
+            let (paired, single) = (attend(&on), attend(&off));
+            let what = format!("{name}, {dtype:?}, one lane a key");
+            check(
+                &format!("{what}, two steps a pass"),
+                Precision::F32,
+                &paired,
+                &b.reference(dtype, &opts),
+                None,
+            );
+            assert_eq!(bits(&paired.out), bits(&single.out), "{what}: outputs");
+            assert_eq!(bits(&paired.lse), bits(&single.lse), "{what}: lse");
+        }
+    }
+}
+
+#[test]
 fn cascade_prefix_pass_merged_with_suffix_pass_equals_full_attention() {
     // Two requests share a 300-token prefix. Cascade: every query attends once to the prefix
     // (one non-causal pass over the prefix sequence), once to its own suffix (causal), and the
