@@ -176,6 +176,29 @@ fn key_at(it: WorkItem, kv_head: u32, j: u32) -> vec2<u32> {
     return vec2<u32>(2u * slot, row);
 }
 
+// This lane's chunks (and int4 groups) of the K rows of PAIR keys (pool and row `kat[e]`,
+// chunk c of key e at e MAX_CHK + c) and the rows' scales: what both paired key loops load.
+struct PairRows {
+    kw: array<vec4<u32>, PAIR * MAX_CHK>,
+    kg: array<vec2<f32>, PAIR * MAX_CHK>,
+    ks: array<f32, PAIR>,
+}
+
+fn pair_rows(kat: array<vec2<u32>, PAIR>, lane: u32) -> PairRows {
+    var r: PairRows;
+    for (var e = 0u; e < PAIR; e++) { // @unroll
+        for (var c = 0u; c < CHK; c++) { // @unroll
+            let ci = lane + c * KEY_LANES;
+            if ci < K_CH {
+                r.kw[e * MAX_CHK + c] = pool_chunk(kat[e].x, kat[e].y, ci);
+                r.kg[e * MAX_CHK + c] = chunk_group(kat[e].x, kat[e].y, ci);
+            }
+        }
+        r.ks[e] = kv_row_scale(kat[e].x, kat[e].y);
+    }
+    return r;
+}
+
 // The kernel body; the entry point `main` and `lanes_sum_rows` come from rows_portable.wgsl or
 // rows_subgroup.wgsl.
 fn attend(wid: vec3<u32>, tid: u32) {
@@ -261,22 +284,12 @@ fn attend(wid: vec3<u32>, tid: u32) {
         let first = base2 + s * span2 + grp;
         var live: array<bool, PAIR>;
         var kat: array<vec2<u32>, PAIR>;
-        var kw: array<vec4<u32>, PAIR * MAX_CHK>;
-        var kg: array<vec2<f32>, PAIR * MAX_CHK>;
-        var ks: array<f32, PAIR>;
         for (var e = 0u; e < PAIR; e++) { // @unroll
             let j = first + e * NG;
             live[e] = j >= it.key_start && j < it.key_end;
             kat[e] = key_at(it, kv_head, clamp(j, it.key_start, it.key_end - 1u));
-            for (var c = 0u; c < CHK; c++) { // @unroll
-                let ci = lane + c * KEY_LANES;
-                if ci < K_CH {
-                    kw[e * MAX_CHK + c] = pool_chunk(kat[e].x, kat[e].y, ci);
-                    kg[e * MAX_CHK + c] = chunk_group(kat[e].x, kat[e].y, ci);
-                }
-            }
-            ks[e] = kv_row_scale(kat[e].x, kat[e].y);
         }
+        var rows = pair_rows(kat, lane);
 
         // 1. Both keys' dot products with every row (the latent part, its row scale, then the
         // RoPE part), summed over the group's lanes.
@@ -286,9 +299,9 @@ fn attend(wid: vec3<u32>, tid: u32) {
             let ci = lane + c * KEY_LANES;
             if ci < K_CH {
                 for (var p = 0u; p < QK; p++) { // @unroll
-                    let k0 = vec4<f32>(real4(kv_quad_of(K_DTYPE, kw[c], p, kg[c])));
-                    let k1 = vec4<f32>(real4(kv_quad_of(K_DTYPE, kw[MAX_CHK + c], p,
-                        kg[MAX_CHK + c])));
+                    let k0 = vec4<f32>(real4(kv_quad_of(K_DTYPE, rows.kw[c], p, rows.kg[c])));
+                    let k1 = vec4<f32>(real4(kv_quad_of(K_DTYPE, rows.kw[MAX_CHK + c], p,
+                        rows.kg[MAX_CHK + c])));
                     for (var t = 0u; t < TILE; t++) { // @unroll
                         let qv = qreg[(t * CHK + c) * QK + p];
                         d0[t] = dot_fma(qv, k0, d0[t]);
@@ -298,8 +311,8 @@ fn attend(wid: vec3<u32>, tid: u32) {
             }
         }
         for (var t = 0u; t < TILE; t++) { // @unroll
-            d0[t] *= ks[0];
-            d1[t] *= ks[1];
+            d0[t] *= rows.ks[0];
+            d1[t] *= rows.ks[1];
         }
         for (var c = 0u; c < CHR; c++) { // @unroll
             let ci = lane + c * KEY_LANES;
@@ -363,8 +376,8 @@ fn attend(wid: vec3<u32>, tid: u32) {
                 var vg: array<vec2<f32>, PAIR>;
                 for (var e = 0u; e < PAIR; e++) { // @unroll
                     if value_pool() == 0u {
-                        vw[e] = kw[e * MAX_CHK + c];
-                        vg[e] = kg[e * MAX_CHK + c];
+                        vw[e] = rows.kw[e * MAX_CHK + c];
+                        vg[e] = rows.kg[e * MAX_CHK + c];
                     } else {
                         vw[e] = pool_chunk(kat[e].x + 1u, kat[e].y, ci);
                         vg[e] = chunk_group(kat[e].x + 1u, kat[e].y, ci);
@@ -411,24 +424,12 @@ fn attend(wid: vec3<u32>, tid: u32) {
         for (var k = 0u; PAIRED && k < pair_gap; k++) {
             var live: array<bool, PAIR>;
             var kat: array<vec2<u32>, PAIR>;
-            var kw: array<vec4<u32>, PAIR * MAX_CHK>;
-            var kg: array<vec2<f32>, PAIR * MAX_CHK>;
-            var ks: array<f32, PAIR>;
             for (var e = 0u; e < PAIR; e++) { // @unroll
                 let j = first + (k + e * pair_gap) * NG;
                 live[e] = j >= it.key_start && j < it.key_end;
                 kat[e] = key_at(it, kv_head, clamp(j, it.key_start, it.key_end - 1u));
             }
-            for (var e = 0u; e < PAIR; e++) { // @unroll
-                for (var c = 0u; c < CHK; c++) { // @unroll
-                    let ci = lane + c * KEY_LANES;
-                    if ci < K_CH {
-                        kw[e * MAX_CHK + c] = pool_chunk(kat[e].x, kat[e].y, ci);
-                        kg[e * MAX_CHK + c] = chunk_group(kat[e].x, kat[e].y, ci);
-                    }
-                }
-                ks[e] = kv_row_scale(kat[e].x, kat[e].y);
-            }
+            var rows = pair_rows(kat, lane);
             var dd: array<array<f32, MAX_TILE>, PAIR>;
             for (var e = 0u; e < PAIR; e++) { // @unroll
                 var d: array<f32, MAX_TILE>;
@@ -436,8 +437,8 @@ fn attend(wid: vec3<u32>, tid: u32) {
                     let ci = lane + c * KEY_LANES;
                     if ci < K_CH {
                         for (var p = 0u; p < QK; p++) { // @unroll
-                            let kq = vec4<f32>(real4(kv_quad_of(K_DTYPE, kw[e * MAX_CHK + c], p,
-                                kg[e * MAX_CHK + c])));
+                            let kq = vec4<f32>(real4(kv_quad_of(K_DTYPE,
+                                rows.kw[e * MAX_CHK + c], p, rows.kg[e * MAX_CHK + c])));
                             for (var t = 0u; t < TILE; t++) { // @unroll
                                 d[t] = dot_fma(qreg[(t * CHK + c) * QK + p], kq, d[t]);
                             }
@@ -445,7 +446,7 @@ fn attend(wid: vec3<u32>, tid: u32) {
                     }
                 }
                 for (var t = 0u; t < TILE; t++) { // @unroll
-                    dd[e][t] = select(0.0, d[t] * ks[e], live[e]);
+                    dd[e][t] = select(0.0, d[t] * rows.ks[e], live[e]);
                 }
             }
             let dots = lanes_sum_pair(dd[0], dd[1]);

@@ -743,7 +743,6 @@ fn keys_two_at_a_time_give_the_bits_of_one_at_a_time() {
     };
     let decode = HostBatch::new(shape, &[(700, 1), (1000, 1), (5, 1), (97, 1)], 37);
     let prefill = HostBatch::new(shape, &[(97, 20), (1000, 3), (16, 16)], 38);
-    let opts = AttentionOptions::default();
     let context = |pairs| {
         Context::with_options(&ContextOptions {
             key_pairs: Some(pairs),
@@ -754,7 +753,6 @@ fn keys_two_at_a_time_give_the_bits_of_one_at_a_time() {
     };
     let (on, off) = (context(true), context(false));
     assert!(on.caps().key_pairs && !off.caps().key_pairs);
-    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     // Every format on the first backend; on GL (the second in CI, where each written-out variant
     // compiles for seconds) one 16-bit and one 8-bit format, both paired in decode.
     let dtypes: &[KvDtype] = if is_gl(&on) {
@@ -768,23 +766,38 @@ fn keys_two_at_a_time_give_the_bits_of_one_at_a_time() {
             KvDtype::Int4,
         ]
     };
-    for (name, b) in [("decode", &decode), ("prefill", &prefill)] {
+    let batches = [("decode", &decode), ("prefill", &prefill)];
+    assert_same_bits((&on, &off), &batches, dtypes, "keys two at a time");
+}
+
+/// Each batch in each format (block size 16) on `ctx.0` and `ctx.1`, contexts that differ in a
+/// knob that must not change the bits (`knob` names it): the first within the reference's
+/// tolerance, both bit for bit the same.
+fn assert_same_bits(
+    ctx: (&Context, &Context),
+    batches: &[(&str, &HostBatch)],
+    dtypes: &[KvDtype],
+    knob: &str,
+) {
+    let opts = AttentionOptions::default();
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for &(name, b) in batches {
         for &dtype in dtypes {
             let attend = |ctx: &Context| {
                 let cache = b.cache(ctx, dtype, 16);
                 run(ctx, &cache, b, &opts, Precision::F32)
             };
-            let (paired, single) = (attend(&on), attend(&off));
+            let (on, off) = (attend(ctx.0), attend(ctx.1));
             let what = format!("{name}, {dtype:?}");
             check(
-                &format!("{what}, keys two at a time"),
+                &format!("{what}, {knob}"),
                 Precision::F32,
-                &paired,
+                &on,
                 &b.reference(dtype, &opts),
                 None,
             );
-            assert_eq!(bits(&paired.out), bits(&single.out), "{what}: outputs");
-            assert_eq!(bits(&paired.lse), bits(&single.lse), "{what}: lse");
+            assert_eq!(bits(&on.out), bits(&off.out), "{what}, {knob}: outputs");
+            assert_eq!(bits(&on.lse), bits(&off.lse), "{what}, {knob}: lse");
         }
     }
 }
@@ -804,7 +817,6 @@ fn one_lane_a_key_two_steps_a_pass_gives_the_bits_of_one_a_pass() {
     };
     let decode = HostBatch::new(shape, &[(700, 1), (5, 1), (97, 1)], 47);
     let prefill = HostBatch::new(shape, &[(97, 20), (16, 16)], 48);
-    let opts = AttentionOptions::default();
     let context = |pairs| {
         Context::with_options(&ContextOptions {
             key_lanes: Some(1),
@@ -816,7 +828,6 @@ fn one_lane_a_key_two_steps_a_pass_gives_the_bits_of_one_a_pass() {
     };
     let (on, off) = (context(true), context(false));
     assert!(on.caps().step_pairs && !off.caps().step_pairs);
-    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     // On GL (the second backend in CI, where each written-out variant compiles for seconds) the
     // decode batch in the 16-bit format alone.
     let (batches, dtypes): (&[_], &[_]) = if is_gl(&on) {
@@ -827,25 +838,12 @@ fn one_lane_a_key_two_steps_a_pass_gives_the_bits_of_one_a_pass() {
             &[KvDtype::F16, KvDtype::Int4],
         )
     };
-    for &(name, b) in batches {
-        for &dtype in dtypes {
-            let attend = |ctx: &Context| {
-                let cache = b.cache(ctx, dtype, 16);
-                run(ctx, &cache, b, &opts, Precision::F32)
-            };
-            let (paired, single) = (attend(&on), attend(&off));
-            let what = format!("{name}, {dtype:?}, one lane a key");
-            check(
-                &format!("{what}, two steps a pass"),
-                Precision::F32,
-                &paired,
-                &b.reference(dtype, &opts),
-                None,
-            );
-            assert_eq!(bits(&paired.out), bits(&single.out), "{what}: outputs");
-            assert_eq!(bits(&paired.lse), bits(&single.lse), "{what}: lse");
-        }
-    }
+    assert_same_bits(
+        (&on, &off),
+        batches,
+        dtypes,
+        "one lane a key, two steps a pass",
+    );
 }
 
 #[test]
