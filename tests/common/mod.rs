@@ -119,6 +119,21 @@ pub fn grid_stride(ctx: &Context) -> usize {
     }
 }
 
+/// Whether the point at `at` of a grid whose axes have `lens` values runs on `ctx`: every point
+/// on Vulkan; on GL (see `grid_stride`) only the points of one diagonal, those whose index on
+/// every axis a is i % lens[a] for one i below the longest axis's length. That is the fewest
+/// points that still run every value of every axis (each head dim, head layout and format) on
+/// the second backend; a grid whose compiled variants dominate its time samples with this
+/// rather than with `grid_stride`.
+pub fn on_diagonal(ctx: &Context, at: &[usize], lens: &[usize]) -> bool {
+    assert_eq!(at.len(), lens.len(), "one index an axis");
+    if !is_gl(ctx) {
+        return true;
+    }
+    let n = lens.iter().copied().max().unwrap_or(0);
+    (0..n).any(|i| at.iter().zip(lens).all(|(&a, &len)| a == i % len))
+}
+
 /// A second context on the same adapter whose storage bindings are capped at 64 KiB, so every
 /// pool splits over several buffers and the split path runs in every test that uses it.
 pub fn gpu_capped() -> &'static Context {

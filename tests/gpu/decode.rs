@@ -13,7 +13,7 @@ use kvattn::shader::Precision;
 use kvattn::Error;
 
 use crate::common::{
-    gpu, grid_stride, max_abs_err, option_sets, output_scale, own_context, Rng, Worst,
+    gpu, grid_stride, max_abs_err, on_diagonal, option_sets, output_scale, own_context, Rng, Worst,
 };
 
 const CONTEXTS: [usize; 4] = [1, 17, 97, 1000];
@@ -173,7 +173,9 @@ fn decode_matches_reference_on_grid() {
     let ctx = gpu();
     let mut cases = 0;
     let mut worst = Worst::default();
-    for (di, &d) in [64usize, 80, 128, 256].iter().enumerate() {
+    let dims = [64usize, 80, 128, 256];
+    let dtypes = [KvDtype::F32, KvDtype::F16, KvDtype::Bf16];
+    for (di, &d) in dims.iter().enumerate() {
         for (hi, &(hq, hkv)) in HEADS.iter().enumerate() {
             let shape = AttentionShape {
                 num_q_heads: hq,
@@ -183,12 +185,11 @@ fn decode_matches_reference_on_grid() {
             };
             let case = Case::new(shape, &CONTEXTS, (d * 31 + hi) as u64);
             let opts = AttentionOptions::default();
-            for (ti, dtype) in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16]
-                .into_iter()
-                .enumerate()
-            {
-                // One point in `grid_stride` on the second backend; all of them on the first.
-                if ((di * HEADS.len() + hi) * 3 + ti) % grid_stride(ctx) != 0 {
+            for (ti, &dtype) in dtypes.iter().enumerate() {
+                // Every head dim, head layout and format on the second backend (each in one
+                // point, `on_diagonal`: the grid's time there is compiling its variants); all
+                // points on the first.
+                if !on_diagonal(ctx, &[di, hi, ti], &[dims.len(), HEADS.len(), dtypes.len()]) {
                     continue;
                 }
                 // The reference sees exactly the values stored in the cache.
