@@ -176,6 +176,38 @@ fn key_at(it: WorkItem, kv_head: u32, j: u32) -> vec2<u32> {
     return vec2<u32>(2u * slot, row);
 }
 
+// Key jc's score for the row at position p_t whose ALiBi slope is `slope`: MASKED where the
+// key is past the item's keys (`live` false) or the causal mask or window hides it, and
+// poisoned only where the key is visible.
+fn key_score(dot_qk: f32, jc: u32, p_t: u32, live: bool, slope: f32) -> Score {
+    var visible = live;
+    if (params.flags & FLAG_CAUSAL) != 0u {
+        // p - j < window, never j + window > p: no sum of positions can wrap.
+        visible = visible && jc <= p_t && (params.window == 0u || p_t - jc < params.window);
+    }
+    let dist = select(jc - p_t, p_t - jc, p_t >= jc);
+    let sc = score_of(dot_qk, params.scale, params.softcap, slope * f32(dist));
+    return Score(select(MASKED, sc.value, visible), visible && sc.poison);
+}
+
+// A row's online-softmax step over keys whose largest score is `top`: the new running max `m`,
+// `raised` where it rose above the old `m_old`, `alpha` the factor of the running sum and output
+// (exactly 1 unless raised), and `p` the weight of the lane's own key, of score `s`, in `real`
+// precision.
+struct RowStep {
+    m: f32,
+    raised: bool,
+    alpha: f32,
+    p: f32,
+}
+
+fn row_step(m_old: f32, top: f32, s: f32) -> RowStep {
+    let m = max(m_old, top);
+    let raised = m > m_old;
+    let alpha = select(1.0, exp(m_old - m), raised);
+    return RowStep(m, raised, alpha, f32(real(softmax_weight(s, m))));
+}
+
 // This lane's chunks (and int4 groups) of the K rows of PAIR keys (pool and row `kat[e]`,
 // chunk c of key e at e MAX_CHK + c) and the rows' scales: what both paired key loops load.
 struct PairRows {
@@ -209,7 +241,6 @@ fn attend(wid: vec3<u32>, tid: u32) {
     let q4 = (K_DIM + ROPE_DIM) / 4u;
     let dv4 = OUT_DIM / 4u;
     let v_dtype = kv_dtype_of(value_pool());
-    let causal = (params.flags & FLAG_CAUSAL) != 0u;
     let alibi = (params.flags & FLAG_ALIBI) != 0u;
     let lane = tid % KEY_LANES;
     let grp = tid / KEY_LANES;
@@ -347,23 +378,14 @@ fn attend(wid: vec3<u32>, tid: u32) {
             let vp = kat[e].x + value_pool();
             let v_scale = select(1.0, kv_row_scale(vp, kat[e].y), kv_row_scaled(vp));
             for (var t = 0u; t < TILE; t++) { // @unroll
-                let p_t = pos[t];
-                var visible = live[e];
-                if causal {
-                    visible = visible && jc <= p_t
-                        && (params.window == 0u || p_t - jc < params.window);
-                }
-                let dist = select(jc - p_t, p_t - jc, p_t >= jc);
-                let sc = score_of(dd[e][t], params.scale, params.softcap, slope[t] * f32(dist));
-                bad[t] = bad[t] || (visible && sc.poison);
-                let sv = select(MASKED, sc.value, visible);
-                let mt = max(m[t], sv);
-                raised[e][t] = mt > m[t];
-                alpha[e][t] = select(1.0, exp(m[t] - mt), raised[e][t]);
-                let p = f32(real(softmax_weight(sv, mt)));
-                l[t] = fma(l[t], alpha[e][t], p);
-                m[t] = mt;
-                pv[e][t] = select(0.0, p * v_scale, bits_nonzero(p));
+                let sc = key_score(dd[e][t], jc, pos[t], live[e], slope[t]);
+                bad[t] = bad[t] || sc.poison;
+                let st = row_step(m[t], sc.value, sc.value);
+                raised[e][t] = st.raised;
+                alpha[e][t] = st.alpha;
+                l[t] = fma(l[t], st.alpha, st.p);
+                m[t] = st.m;
+                pv[e][t] = select(0.0, st.p * v_scale, bits_nonzero(st.p));
             }
         }
 
@@ -513,16 +535,9 @@ fn attend(wid: vec3<u32>, tid: u32) {
         let v_scale = select(1.0, kv_row_scale(vp, at.y), kv_row_scaled(vp));
         var sv: array<f32, MAX_TILE>;
         for (var t = 0u; t < TILE; t++) { // @unroll
-            let p_t = pos[t];
-            var visible = live;
-            if causal {
-                // p - j < window, never j + window > p: no sum of positions can wrap.
-                visible = visible && jc <= p_t && (params.window == 0u || p_t - jc < params.window);
-            }
-            let dist = select(jc - p_t, p_t - jc, p_t >= jc);
-            let sc = score_of(own_dots[t], params.scale, params.softcap, slope[t] * f32(dist));
-            bad[t] = bad[t] || (visible && sc.poison);
-            sv[t] = select(MASKED, sc.value, visible);
+            let sc = key_score(own_dots[t], jc, pos[t], live, slope[t]);
+            bad[t] = bad[t] || sc.poison;
+            sv[t] = sc.value;
         }
 
         // 3. The online softmax: the step's max over the group's keys, the running state
@@ -537,13 +552,12 @@ fn attend(wid: vec3<u32>, tid: u32) {
         var alpha: array<f32, MAX_TILE>;
         var pv: array<f32, MAX_TILE>;
         for (var t = 0u; t < TILE; t++) { // @unroll
-            let mt = max(m[t], top[t]);
-            raised[t] = mt > m[t];
-            alpha[t] = select(1.0, exp(m[t] - mt), raised[t]);
-            let p = f32(real(softmax_weight(sv[t], mt)));
-            l[t] = fma(l[t], alpha[t], p);
-            m[t] = mt;
-            pv[t] = select(0.0, p * v_scale, bits_nonzero(p));
+            let st = row_step(m[t], top[t], sv[t]);
+            raised[t] = st.raised;
+            alpha[t] = st.alpha;
+            l[t] = fma(l[t], st.alpha, st.p);
+            m[t] = st.m;
+            pv[t] = select(0.0, st.p * v_scale, bits_nonzero(st.p));
         }
         for (var c = 0u; c < CHV; c++) { // @unroll
             for (var p = 0u; p < QV; p++) { // @unroll
