@@ -61,6 +61,13 @@ const CPU_TILE: usize = 8;
 /// 4,096 keys from 2.76 to 2.41 s, while MLA's heads (18 query vec4s a lane) were slower in
 /// tiles of 16 than of 8 (145 against 136 ms): past [`CPU_TILE`] the budget decides.
 const CPU_REGS: usize = 2 * MAX_QREG;
+/// Rows a tile of the workgroup kernel takes at most on a CPU adapter without subgroup shuffles
+/// (llvmpipe's GL): there every exchange between lanes is a workgroup barrier, which llvmpipe
+/// compiles as a coroutine suspend whose frame holds every row's state, so compiling a variant
+/// grows fast with its rows. On GL llvmpipe (2026-12-06, head dim 16, f32) a tile of 16 rows
+/// took 60 s to compile and one of 4 rows 12 s; one row takes about 10 s. The bits do not depend
+/// on the tile.
+const CPU_PORTABLE_TILE: usize = 4;
 /// Most lanes sharing a key row.
 const MAX_KEY_LANES: u32 = 32;
 /// Pool buffers (K and V each) one dispatch of an attention kernel binds at most: a pool over
@@ -98,7 +105,8 @@ pub struct DeviceFit {
     /// Lanes per key forced by the caller (a power of two, 1 to 32).
     pub key_lanes: Option<u32>,
     /// The adapter runs on the CPU ([`crate::gpu::Capabilities::cpu_adapter`]): tiles may
-    /// reach 8 rows past the register budget.
+    /// reach 8 rows past the register budget, and take at most 4 without shuffles
+    /// (`CPU_PORTABLE_TILE`).
     pub cpu: bool,
     /// Keys two at a time where the tile allows ([`crate::gpu::Capabilities::key_pairs`]).
     pub pairs: bool,
@@ -251,6 +259,11 @@ impl WorkgroupLayout {
             (MAX_QREG, MAX_AREG)
         };
         let by_regs = (max_q / q.max(1)).min(max_a / a.max(1));
+        let max_tile = if fit.cpu && !subgroups {
+            CPU_PORTABLE_TILE
+        } else {
+            MAX_TILE
+        };
         let wide = super::paged::rows_aligned(k, v);
         let dv4 = shape.head_dim_v.div_ceil(4);
         // Workgroup memory of a tile of `t` rows with `wg` invocations (paged.wgsl's arrays).
@@ -271,7 +284,7 @@ impl WorkgroupLayout {
         // that the two sums give the same bits for the same lanes.
         wg = wg.max(key_lanes);
         loop {
-            let tile = (1..=MAX_TILE.min(by_regs).max(1))
+            let tile = (1..=max_tile.min(by_regs).max(1))
                 .rev()
                 .find(|&t| bytes(wg, t) <= limit);
             if let Some(full_tile) = tile {
@@ -950,6 +963,34 @@ mod tests {
         for (d, dtype, fit) in [(4, KvDtype::F32, &sg8), (16, KvDtype::Fp8E4M3, &cpu)] {
             let l = WorkgroupLayout::new(&shape(8, d, d), &geometry(dtype, d, None), fit).unwrap();
             assert_eq!((l.key_lanes, l.wg, l.full_tile), (1, 8, 16), "{dtype} {d}");
+        }
+        // A CPU adapter without shuffles (llvmpipe's GL): the same lanes as a GPU without
+        // them, tiles of at most CPU_PORTABLE_TILE rows (each barrier costs its compiler more
+        // the more rows a tile holds).
+        let portable = DeviceFit {
+            cpu: true,
+            ..DeviceFit::BASELINE
+        };
+        for (d, dtype) in [
+            (16, KvDtype::F32),
+            (128, KvDtype::F16),
+            (16, KvDtype::Fp8E4M3),
+        ] {
+            let (s, g) = (shape(32, d, d), geometry(dtype, d, None));
+            let on_gpu = WorkgroupLayout::new(&s, &g, &DeviceFit::BASELINE).unwrap();
+            let on_cpu = WorkgroupLayout::new(&s, &g, &portable).unwrap();
+            assert!(
+                !on_cpu.subgroups && on_gpu.full_tile > CPU_PORTABLE_TILE,
+                "{dtype} {d}"
+            );
+            assert_eq!(
+                on_cpu,
+                WorkgroupLayout {
+                    full_tile: CPU_PORTABLE_TILE,
+                    ..on_gpu
+                },
+                "{dtype} {d}"
+            );
         }
         // No subgroups (DX12, GL): the portable sums.
         let l = WorkgroupLayout::new(
