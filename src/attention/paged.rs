@@ -82,6 +82,9 @@ const MAX_WG: u32 = 256;
 /// Lane groups per workgroup at most: the groups combine one after the other at the end, and
 /// a 512-key split gives each of 8 groups 64 keys, enough to outweigh that.
 const MAX_GROUPS: u32 = 8;
+/// Invocations of a narrow workgroup ([`DeviceFit::narrow`]): one SIMD vector of a CPU adapter,
+/// as the lanes kernel's workgroup; a lane group wider than that takes one workgroup alone.
+const NARROW_WG: u32 = LANE_WG;
 /// Words of one work item, one sequence record and one merge tile in the metadata buffer.
 pub(super) const ITEM_WORDS: usize = 8;
 pub(super) const SEQ_WORDS: usize = 4;
@@ -112,6 +115,9 @@ pub struct DeviceFit {
     pub pairs: bool,
     /// Two one-key steps a pass ([`crate::gpu::Capabilities::step_pairs`]).
     pub step_pairs: bool,
+    /// Workgroups of one lane group, or of as many as fill [`NARROW_WG`] invocations
+    /// ([`crate::gpu::Capabilities::narrow_workgroups`]), rather than up to [`MAX_GROUPS`].
+    pub narrow: bool,
 }
 
 impl DeviceFit {
@@ -126,6 +132,7 @@ impl DeviceFit {
         cpu: false,
         pairs: true,
         step_pairs: false,
+        narrow: false,
     };
 
     /// The fit of `ctx`'s device.
@@ -141,6 +148,7 @@ impl DeviceFit {
             cpu: caps.cpu_adapter,
             pairs: caps.key_pairs,
             step_pairs: caps.step_pairs,
+            narrow: caps.narrow_workgroups,
         }
     }
 
@@ -279,7 +287,16 @@ impl WorkgroupLayout {
         };
         let limit = fit.workgroup_storage as usize;
         let mut wg = MAX_WG.min(fit.max_invocations.max(1));
-        wg = (1 << (31 - wg.leading_zeros())).min(key_lanes * MAX_GROUPS);
+        // Narrow workgroups (CPU adapters by default) hold one lane group where it fills a SIMD
+        // vector: an adapter that runs a workgroup's invocations one vector after another on one
+        // thread gains nothing from more groups but their combine, and each group reads the
+        // tile's queries again.
+        let groups = if fit.narrow {
+            (NARROW_WG / key_lanes).max(1)
+        } else {
+            MAX_GROUPS
+        };
+        wg = (1 << (31 - wg.leading_zeros())).min(key_lanes * groups);
         // The same invocations with or without shuffles (the workgroup memory allowing), so
         // that the two sums give the same bits for the same lanes.
         wg = wg.max(key_lanes);
@@ -858,6 +875,7 @@ mod tests {
             cpu: false,
             pairs: true,
             step_pairs: false,
+            narrow: false,
         };
         // Pool slots: what the storage bindings leave, from 1 to MAX_POOL_SLOTS.
         assert_eq!(gpu.pool_slots(1), MAX_POOL_SLOTS);
@@ -927,10 +945,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!((l.key_lanes, l.subgroups), (8, true));
-        // A CPU adapter (lavapipe): the same lanes, and so the same bits, but tiles of up to
-        // CPU_TILE rows where a GPU's register budget takes fewer: MLA's f16 latent row (18
-        // query and 16 accumulator vec4s a head on 8 lanes) gets 8 heads a tile, not 1; rows
-        // that fit CPU_REGS take more (head dim 128: 16 rather than 8; 256: 8 rather than 4).
+        // A CPU adapter (lavapipe), GPU-wide workgroups: the same lanes, and so the same bits,
+        // but tiles of up to CPU_TILE rows where a GPU's register budget takes fewer: MLA's f16
+        // latent row (18 query and 16 accumulator vec4s a head on 8 lanes) gets 8 heads a
+        // tile, not 1; rows that fit CPU_REGS take more (head dim 128: 16 rather than 8; 256: 8
+        // rather than 4).
         let cpu = DeviceFit { cpu: true, ..sg8 };
         let mla = (shape(128, 576, 512), geometry(KvDtype::F16, 512, Some(64)));
         let on_gpu = WorkgroupLayout::new(&mla.0, &mla.1, &sg8).unwrap();
@@ -991,6 +1010,26 @@ mod tests {
                 },
                 "{dtype} {d}"
             );
+        }
+        // Narrow workgroups (a CPU adapter's default): one lane group where it fills NARROW_WG
+        // invocations, else as many as do; everything else as with GPU-wide workgroups.
+        for (d, dtype, fit, lanes, wg) in [
+            (128, KvDtype::F16, cpu, 8, 8),
+            (64, KvDtype::F16, cpu, 8, 8),
+            (16, KvDtype::F16, cpu, 2, 8),
+            (128, KvDtype::F16, portable, 16, 16),
+            (256, KvDtype::F32, portable, 32, 32),
+        ] {
+            let (s, g) = (shape(32, d, d), geometry(dtype, d, None));
+            let wide = WorkgroupLayout::new(&s, &g, &fit).unwrap();
+            let narrow = DeviceFit {
+                narrow: true,
+                ..fit
+            };
+            let l = WorkgroupLayout::new(&s, &g, &narrow).unwrap();
+            assert!(wide.wg > l.wg, "{dtype} {d}");
+            assert_eq!((l.key_lanes, l.wg), (lanes, wg), "{dtype} {d}");
+            assert_eq!(l, WorkgroupLayout { wg, ..wide }, "{dtype} {d}");
         }
         // No subgroups (DX12, GL): the portable sums.
         let l = WorkgroupLayout::new(

@@ -49,6 +49,16 @@ pub struct ContextOptions {
     /// adapters (MLA absorbed decode 1.3x faster on lavapipe), not on GPUs (not yet measured
     /// there). The bits are the same either way: a testing and tuning knob.
     pub step_pairs: Option<bool>,
+    /// Whether the workgroup attention kernel's workgroups hold one lane group (or as many as
+    /// fill one SIMD vector of 8 invocations) rather than up to 8 groups that split a work
+    /// item's keys and combine at the end (see
+    /// [`WorkgroupLayout`](crate::attention::paged::WorkgroupLayout)); `None`: on CPU-backed
+    /// adapters, which run a workgroup's invocations one SIMD vector after another on one
+    /// thread, so that more groups add only their combine and their reads of the queries (on
+    /// lavapipe prefill about 2x faster, decode 1.2-1.5x); not on GPUs. The groups split the
+    /// keys, so the bits differ between the two: results are bitwise reproducible only for
+    /// one setting, as for [`ContextOptions::key_lanes`].
+    pub narrow_workgroups: Option<bool>,
 }
 
 /// The two implementations of paged attention: the same plan, partial states and merge, and
@@ -178,6 +188,9 @@ pub struct Capabilities {
     /// Whether the workgroup attention kernel takes two one-key steps a pass (see
     /// [`ContextOptions::step_pairs`]).
     pub step_pairs: bool,
+    /// Whether the workgroup attention kernel's workgroups hold one lane group, or as many as
+    /// fill one SIMD vector (see [`ContextOptions::narrow_workgroups`]).
+    pub narrow_workgroups: bool,
     /// Shaders may use `unpack2x16float` and friends
     /// ([`wgpu::DownlevelFlags::SHADER_F16_IN_F32`]).
     pub f16_in_f32: bool,
@@ -559,6 +572,9 @@ impl Context {
                 .unwrap_or(info.device_type != wgpu::DeviceType::Cpu),
             step_pairs: opts
                 .step_pairs
+                .unwrap_or(info.device_type == wgpu::DeviceType::Cpu),
+            narrow_workgroups: opts
+                .narrow_workgroups
                 .unwrap_or(info.device_type == wgpu::DeviceType::Cpu),
             f16_in_f32: downlevel
                 .flags

@@ -7,12 +7,15 @@ use kvattn::attention::AttentionOptions;
 use kvattn::gpu::Context;
 
 /// The context every GPU test in a binary shares. With no adapter the test fails (never
-/// skips) with a message that says how to get one.
+/// skips) with a message that says how to get one. Its workgroup attention kernel is laid out
+/// as on a GPU (wide workgroups, `ContextOptions::narrow_workgroups` off) on every adapter: the
+/// tests check what GPUs run; a CPU adapter's narrow workgroups have tests of their own.
 pub fn gpu() -> &'static Context {
     static CTX: OnceLock<Context> = OnceLock::new();
     CTX.get_or_init(|| {
         let ctx = Context::with_options(&kvattn::gpu::ContextOptions {
             attention_kernel: test_attention_kernel(),
+            narrow_workgroups: Some(false),
             ..Default::default()
         })
         .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"));

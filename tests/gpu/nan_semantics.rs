@@ -34,9 +34,27 @@ fn gpu_lanes() -> &'static Context {
     })
 }
 
-/// Both attention kernels.
-fn kernels() -> [(&'static str, &'static Context); 2] {
-    [("workgroup", gpu()), ("lanes", gpu_lanes())]
+/// A context whose plans run the workgroup kernel in narrow workgroups (one lane group a
+/// workgroup, a CPU adapter's default; `gpu()` takes a GPU's wide ones everywhere).
+fn gpu_narrow() -> &'static Context {
+    static CTX: OnceLock<Context> = OnceLock::new();
+    CTX.get_or_init(|| {
+        Context::with_options(&ContextOptions {
+            attention_kernel: Some(AttentionKernel::Workgroup),
+            narrow_workgroups: Some(true),
+            ..Default::default()
+        })
+        .expect("a wgpu adapter")
+    })
+}
+
+/// Both attention kernels, the workgroup kernel in both its workgroup forms.
+fn kernels() -> [(&'static str, &'static Context); 3] {
+    [
+        ("workgroup", gpu()),
+        ("lanes", gpu_lanes()),
+        ("workgroup, narrow", gpu_narrow()),
+    ]
 }
 
 /// Checks `got` against `want` element by element: no sentinel left; NaN exactly where the

@@ -850,6 +850,111 @@ fn one_lane_a_key_two_steps_a_pass_gives_the_bits_of_one_a_pass() {
 }
 
 #[test]
+fn narrow_and_wide_workgroups_both_match_reference() {
+    // The workgroup kernel's workgroups hold up to 8 lane groups on a GPU, which split a work
+    // item's keys and combine at the end, and one group (one SIMD vector) on a CPU adapter
+    // (ContextOptions::narrow_workgroups). The shared test context takes the GPU's form
+    // everywhere; here both forms, each checked to be the layout asked for, against the
+    // reference: GQA, MQA and MHA, d_v != d_qk, formats read wide and word by word, decode and
+    // prefill across splits, and every option set on one shape.
+    let context = |narrow| {
+        Context::with_options(&ContextOptions {
+            narrow_workgroups: Some(narrow),
+            attention_kernel: Some(AttentionKernel::Workgroup),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let (narrow, wide) = (context(true), context(false));
+    assert!(narrow.caps().narrow_workgroups && !wide.caps().narrow_workgroups);
+    // The default: narrow on CPU adapters only.
+    let default = Context::new().unwrap();
+    assert_eq!(default.caps().narrow_workgroups, default.caps().cpu_adapter);
+    let gl = is_gl(&narrow);
+    let shapes = [
+        (
+            8usize,
+            2usize,
+            64usize,
+            64usize,
+            Storage::uniform(KvDtype::F16),
+        ),
+        (6, 1, 96, 96, Storage::uniform(KvDtype::Int8)),
+        (4, 4, 36, 36, Storage::uniform(KvDtype::Fp8E4M3)),
+        (
+            16,
+            2,
+            192,
+            128,
+            Storage::per_row(KvDtype::Int4, KvDtype::Bf16),
+        ),
+    ];
+    // On GL (the second backend in CI, where each written-out variant compiles for seconds)
+    // the first shape.
+    let shapes = if gl { &shapes[..1] } else { &shapes[..] };
+    let mut wgs = Vec::new();
+    for (i, (hq, hkv, dk, dv, storage)) in shapes.iter().enumerate() {
+        let shape = AttentionShape {
+            num_q_heads: *hq,
+            num_kv_heads: *hkv,
+            head_dim_qk: *dk,
+            head_dim_v: *dv,
+        };
+        let b = HostBatch::new(
+            shape,
+            &[(1, 1), (700, 1), (97, 20), (600, 17)],
+            60 + i as u64,
+        );
+        let opts = AttentionOptions::default();
+        let want = b.reference_as(storage, &opts);
+        for (name, ctx) in [("narrow", &narrow), ("wide", &wide)] {
+            let cache = b.cache_as(ctx, storage, 16);
+            let batch = b.queries();
+            let args = PagedAttentionArgs {
+                layer: 0,
+                batch: &batch,
+                shape,
+                options: &opts,
+                precision: Precision::F32,
+            };
+            let plan = PagedAttentionPlan::new(ctx, &cache, &args).unwrap();
+            let layout = plan.workgroup_layout().unwrap();
+            wgs.push((name, layout.key_lanes, layout.wg));
+            let got = run(ctx, &cache, &b, &opts, Precision::F32);
+            let what = format!("{name} hd{dk}/{dv} hq{hq} hkv{hkv} {}", storage.name());
+            check(&what, Precision::F32, &got, &want, None);
+        }
+    }
+    // Each shape's narrow workgroups are at most one SIMD vector (8 invocations) or one lane
+    // group, and hold fewer invocations than the wide ones.
+    for pair in wgs.chunks(2) {
+        let ((_, lanes, n), (_, _, w)) = (pair[0], pair[1]);
+        assert!(n == lanes.max(8) && w > n, "{wgs:?}");
+    }
+    // Every option set (windows, softcap, ALiBi, sinks, non-causal) on the first shape; on GL
+    // a window and the sinks.
+    let (hq, hkv, dk, dv, storage) = shapes[0];
+    let shape = AttentionShape {
+        num_q_heads: hq,
+        num_kv_heads: hkv,
+        head_dim_qk: dk,
+        head_dim_v: dv,
+    };
+    let b = HostBatch::new(shape, &[(1, 1), (30, 1), (200, 13), (700, 40)], 59);
+    for (name, opts) in option_sets(hq, 7) {
+        if gl && !matches!(name, "window 37" | "sinks") {
+            continue;
+        }
+        let want = b.reference_as(&storage, &opts);
+        for (form, ctx) in [("narrow", &narrow), ("wide", &wide)] {
+            let cache = b.cache_as(ctx, &storage, 16);
+            let got = run(ctx, &cache, &b, &opts, Precision::F32);
+            check(&format!("{form} {name}"), Precision::F32, &got, &want, None);
+        }
+    }
+}
+
+#[test]
 fn cascade_prefix_pass_merged_with_suffix_pass_equals_full_attention() {
     // Two requests share a 300-token prefix. Cascade: every query attends once to the prefix
     // (one non-causal pass over the prefix sequence), once to its own suffix (causal), and the
