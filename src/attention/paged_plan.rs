@@ -13,7 +13,9 @@ use super::paged::{
     constants, lanes_constants, lanes_fit, lanes_tile, rows_aligned, DeviceFit, KvGeometry,
     PagedAttentionArgs, PagedParams, PagedQuery, SeqSpec, WorkgroupLayout, LANE_WG, SPLIT_TOKENS,
 };
-use super::paged_plan_step::{items_per_dispatch, Fixed, Step, StepDispatch, WorkspaceSize};
+use super::paged_plan_step::{
+    items_per_dispatch, plan_tile, Fixed, Step, StepDispatch, WorkspaceSize,
+};
 use super::{AttentionOptions, AttentionShape};
 use crate::attention::merge::MergeParams;
 use crate::attention::paged_lanes::{columns_per_word4, LanesShape};
@@ -365,7 +367,7 @@ impl PagedAttentionPlan {
         };
         let full_tile = layout.map_or_else(|| lanes_tile(&shape), |l| l.full_tile);
         let max_rows = max_len_q.saturating_mul(shape.group());
-        let tile = full_tile.min(max_rows).max(1);
+        let tile = plan_tile(full_tile, max_rows, shape.group());
         let max_x = ctx.caps().max_compute_workgroups_per_dimension as usize;
         Ok(Fixed {
             shape,

@@ -361,3 +361,44 @@ pub(crate) fn items_per_dispatch(kernel: AttentionKernel, max_x: usize, kv_heads
         AttentionKernel::Lanes => (max_x * LANE_WG as usize / kv_heads).max(1),
     }
 }
+
+/// Rows per tile of a plan whose sequences have at most `max_rows` query rows (`group` a
+/// token), in a layout whose tiles hold at most `full_tile`: one token's group exactly (a decode
+/// plan keeps the tile of its group), else `max_rows` rounded up to a multiple of 4, at most the
+/// full tile. Every tile size is a pipeline variant of its own, which a CPU adapter compiles for
+/// seconds at its first dispatch: so chunks of 9 to 12 rows share one variant and 13 to 16
+/// another rather than compiling one each. The rows past a tile's last are computed and never
+/// written (the lane sums add rows four at a time anyway), and a row's bits do not depend on its
+/// tile.
+pub(crate) fn plan_tile(full_tile: usize, max_rows: usize, group: usize) -> usize {
+    let rows = if max_rows <= group {
+        max_rows
+    } else {
+        max_rows.next_multiple_of(4)
+    };
+    full_tile.min(rows).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan_tile;
+
+    #[test]
+    fn plan_tiles_are_a_group_or_a_multiple_of_four() {
+        // (full tile, most rows, group) -> tile
+        for (full, rows, group, tile) in [
+            (16, 1, 1, 1),    // MHA decode
+            (16, 3, 3, 3),    // GQA decode, group 3
+            (16, 6, 3, 8),    // two tokens of group 3
+            (16, 9, 3, 12),   // three
+            (16, 15, 3, 16),  // five
+            (16, 60, 3, 16),  // a long chunk: the full tile
+            (16, 2, 1, 4),    // two tokens, MHA
+            (16, 32, 32, 16), // a group wider than the tile
+            (6, 5, 1, 6),     // a full tile that is not a multiple of 4
+            (16, 0, 4, 1),    // no rows: one
+        ] {
+            assert_eq!(plan_tile(full, rows, group), tile, "{full} {rows} {group}");
+        }
+    }
+}
