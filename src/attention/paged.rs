@@ -115,8 +115,9 @@ pub struct DeviceFit {
     pub pairs: bool,
     /// Two one-key steps a pass ([`crate::gpu::Capabilities::step_pairs`]).
     pub step_pairs: bool,
-    /// Workgroups of one lane group, or of as many as fill [`NARROW_WG`] invocations
-    /// ([`crate::gpu::Capabilities::narrow_workgroups`]), rather than up to [`MAX_GROUPS`].
+    /// Workgroups of one lane group, or of as many as fill 8 invocations (`NARROW_WG`)
+    /// ([`crate::gpu::Capabilities::narrow_workgroups`]), rather than up to 8 groups
+    /// (`MAX_GROUPS`).
     pub narrow: bool,
 }
 

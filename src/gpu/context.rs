@@ -55,7 +55,7 @@ pub struct ContextOptions {
     /// [`WorkgroupLayout`](crate::attention::paged::WorkgroupLayout)); `None`: on CPU-backed
     /// adapters, which run a workgroup's invocations one SIMD vector after another on one
     /// thread, so that more groups add only their combine and their reads of the queries (on
-    /// lavapipe prefill about 2x faster, decode 1.2-1.5x); not on GPUs. The groups split the
+    /// lavapipe prefill about 2x faster, decode 1.2-1.6x); not on GPUs. The groups split the
     /// keys, so the bits differ between the two: results are bitwise reproducible only for
     /// one setting, as for [`ContextOptions::key_lanes`].
     pub narrow_workgroups: Option<bool>,
