@@ -13,12 +13,8 @@ use kvattn::gpu::Context;
 pub fn gpu() -> &'static Context {
     static CTX: OnceLock<Context> = OnceLock::new();
     CTX.get_or_init(|| {
-        let ctx = Context::with_options(&kvattn::gpu::ContextOptions {
-            attention_kernel: test_attention_kernel(),
-            narrow_workgroups: Some(false),
-            ..Default::default()
-        })
-        .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"));
+        let ctx = Context::with_options(&test_context_options())
+            .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"));
         eprintln!(
             "kvattn tests on adapter: {} ({}, {}), features [{}]",
             ctx.adapter().name,
@@ -28,6 +24,17 @@ pub fn gpu() -> &'static Context {
         );
         ctx
     })
+}
+
+/// The options of the shared test context ([`gpu`]): the test attention kernel
+/// ([`test_attention_kernel`]) in wide workgroups. A test that compares another context's bits
+/// with the shared one's makes it with these.
+pub fn test_context_options() -> kvattn::gpu::ContextOptions {
+    kvattn::gpu::ContextOptions {
+        attention_kernel: test_attention_kernel(),
+        narrow_workgroups: Some(false),
+        ..Default::default()
+    }
 }
 
 /// xorshift64*: deterministic, dependency-free test data.
@@ -149,8 +156,7 @@ pub fn gpu_capped() -> &'static Context {
 pub fn own_context(cap: Option<u64>) -> Context {
     Context::with_options(&kvattn::gpu::ContextOptions {
         max_storage_binding_cap: cap,
-        attention_kernel: test_attention_kernel(),
-        ..Default::default()
+        ..test_context_options()
     })
     .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"))
 }

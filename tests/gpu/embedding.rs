@@ -14,7 +14,7 @@ use kvattn::quant::KvDtype;
 use kvattn::shader::Precision;
 use kvattn::Error;
 
-use crate::common::{gpu, own_context, test_attention_kernel, Rng};
+use crate::common::{gpu, own_context, test_context_options, Rng};
 
 /// The adapter `Context::new` would pick (same environment variables), opened with plain wgpu.
 fn app_adapter() -> wgpu::Adapter {
@@ -56,11 +56,8 @@ fn embedded(features: wgpu::Features, limits: Option<wgpu::Limits>) -> (Context,
     let adapter = app_adapter();
     let limits = limits.unwrap_or_else(|| adapter.limits());
     let (device, queue) = app_device(&adapter, features, limits);
-    let opts = ContextOptions {
-        attention_kernel: test_attention_kernel(),
-        ..Default::default()
-    };
-    let ctx = Context::from_wgpu(device, queue, &adapter, &opts).unwrap();
+    // The shared context's options, so that their bits may be compared.
+    let ctx = Context::from_wgpu(device, queue, &adapter, &test_context_options()).unwrap();
     (ctx, adapter)
 }
 

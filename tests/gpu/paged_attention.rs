@@ -17,7 +17,7 @@ use kvattn::shader::Precision;
 
 use crate::common::{
     gpu, gpu_capped, grid_stride, is_gl, max_abs_err, option_sets, output_scale,
-    test_attention_kernel, Rng, Worst,
+    test_attention_kernel, test_context_options, Rng, Worst,
 };
 
 /// A batch on the host: per sequence its K/V rows (f32, token order) and its queries.
@@ -195,8 +195,7 @@ impl Storage {
 fn capped_at(bytes: u64) -> Context {
     Context::with_options(&ContextOptions {
         max_storage_binding_cap: Some(bytes),
-        attention_kernel: test_attention_kernel(),
-        ..Default::default()
+        ..test_context_options()
     })
     .unwrap()
 }

@@ -6,11 +6,11 @@
 use kvattn::attention::paged::{PagedAttentionArgs, PagedAttentionPlan, PagedQuery};
 use kvattn::attention::{AttentionOptions, AttentionShape};
 use kvattn::cache::paged::{PagedKvCache, PagedKvConfig, PoolSize};
-use kvattn::gpu::{Context, ContextOptions};
+use kvattn::gpu::Context;
 use kvattn::quant::KvDtype;
 use kvattn::shader::Precision;
 
-use crate::common::{test_attention_kernel, Rng};
+use crate::common::{test_context_options, Rng};
 
 #[cfg(not(target_arch = "wasm32"))]
 const _: () = {
@@ -198,11 +198,7 @@ fn snapshot_contents(bytes: &[u8]) -> Contents {
 #[test]
 fn one_context_from_four_threads_matches_sequential_bits() {
     // A context of its own, so the threads also race to build the pipelines.
-    let ctx = Context::with_options(&ContextOptions {
-        attention_kernel: test_attention_kernel(),
-        ..Default::default()
-    })
-    .unwrap();
+    let ctx = Context::with_options(&test_context_options()).unwrap();
     // On GL the pipelines are built before the threads start: wgpu's GL backend holds its one
     // context lock through each compilation (seconds on llvmpipe with a cold shader cache), and
     // a buffer dropped meanwhile on another thread waits for it at most six seconds, then
