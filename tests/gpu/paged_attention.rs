@@ -745,15 +745,7 @@ fn keys_two_at_a_time_give_the_bits_of_one_at_a_time() {
     };
     let decode = HostBatch::new(shape, &[(700, 1), (1000, 1), (5, 1), (97, 1)], 37);
     let prefill = HostBatch::new(shape, &[(97, 20), (1000, 3), (16, 16)], 38);
-    let context = |pairs| {
-        Context::with_options(&ContextOptions {
-            key_pairs: Some(pairs),
-            attention_kernel: Some(AttentionKernel::Workgroup),
-            ..Default::default()
-        })
-        .unwrap()
-    };
-    let (on, off) = (context(true), context(false));
+    let (on, off) = workgroup_contexts(|o, pairs| o.key_pairs = Some(pairs));
     assert!(on.caps().key_pairs && !off.caps().key_pairs);
     // Every format on the first backend; on GL (the second in CI, where each written-out variant
     // compiles for seconds) one 16-bit and one 8-bit format, both paired in decode.
@@ -770,6 +762,20 @@ fn keys_two_at_a_time_give_the_bits_of_one_at_a_time() {
     };
     let batches = [("decode", &decode), ("prefill", &prefill)];
     assert_same_bits((&on, &off), &batches, dtypes, "keys two at a time");
+}
+
+/// Two contexts running the workgroup kernel that differ in one knob: `set` turns it on for the
+/// first and off for the second.
+fn workgroup_contexts(set: impl Fn(&mut ContextOptions, bool)) -> (Context, Context) {
+    let context = |on| {
+        let mut opts = ContextOptions {
+            attention_kernel: Some(AttentionKernel::Workgroup),
+            ..Default::default()
+        };
+        set(&mut opts, on);
+        Context::with_options(&opts).unwrap()
+    };
+    (context(true), context(false))
 }
 
 /// Each batch in each format (block size 16) on `ctx.0` and `ctx.1`, contexts that differ in a
@@ -819,16 +825,10 @@ fn one_lane_a_key_two_steps_a_pass_gives_the_bits_of_one_a_pass() {
     };
     let decode = HostBatch::new(shape, &[(700, 1), (5, 1), (97, 1)], 47);
     let prefill = HostBatch::new(shape, &[(97, 20), (16, 16)], 48);
-    let context = |pairs| {
-        Context::with_options(&ContextOptions {
-            key_lanes: Some(1),
-            step_pairs: Some(pairs),
-            attention_kernel: Some(AttentionKernel::Workgroup),
-            ..Default::default()
-        })
-        .unwrap()
-    };
-    let (on, off) = (context(true), context(false));
+    let (on, off) = workgroup_contexts(|o, pairs| {
+        o.key_lanes = Some(1);
+        o.step_pairs = Some(pairs);
+    });
     assert!(on.caps().step_pairs && !off.caps().step_pairs);
     // On GL (the second backend in CI, where each written-out variant compiles for seconds) the
     // decode batch in the 16-bit format alone.
@@ -856,15 +856,7 @@ fn narrow_and_wide_workgroups_both_match_reference() {
     // everywhere; here both forms, each checked to be the layout asked for, against the
     // reference: GQA, MQA and MHA, d_v != d_qk, formats read wide and word by word, decode and
     // prefill across splits, and every option set on one shape.
-    let context = |narrow| {
-        Context::with_options(&ContextOptions {
-            narrow_workgroups: Some(narrow),
-            attention_kernel: Some(AttentionKernel::Workgroup),
-            ..Default::default()
-        })
-        .unwrap()
-    };
-    let (narrow, wide) = (context(true), context(false));
+    let (narrow, wide) = workgroup_contexts(|o, narrow| o.narrow_workgroups = Some(narrow));
     assert!(narrow.caps().narrow_workgroups && !wide.caps().narrow_workgroups);
     // The default: narrow on CPU adapters only.
     let default = Context::new().unwrap();
