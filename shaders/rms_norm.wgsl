@@ -3,10 +3,12 @@
 //   out[r, i] = x[r, i] / sqrt(mean_i(x[r, :]^2) + eps) * weight[i]
 //
 // One workgroup per row (row = workgroup_id.y * groups_x + workgroup_id.x), three passes over
-// the row with the invocations striding it: the largest |x|, the sum of squares of the row
-// scaled by a power of two, and the output. Each invocation sums its elements in index order and
-// the partial sums meet in a fixed tree in workgroup memory, so a row's result depends only on
-// the row (not on the batch around it, nor on where its chunk is bound).
+// the row: the largest |x|, the sum of squares of the row scaled by a power of two, and the
+// output. The reductions take TREE partials (partial v: elements v, v + TREE, ... in index
+// order), which meet in a fixed tree in workgroup memory; the WG invocations share them (WG =
+// TREE, one each, on GPUs; 8 invocations taking TREE / 8 each on CPU adapters, the same sums
+// in the same order). So a row's result depends only on the row and TREE (not on the batch
+// around it, where its chunk is bound, or WG).
 //
 // Overflow-free for every finite input: the row is scaled by 2^k (exact) so that its largest
 // magnitude lies in [1, 2) (k is clamped to keep 2^k a normal f32), and
@@ -36,8 +38,10 @@ struct RmsNormParams {
 @group(0) @binding(2) var<storage, read> weight: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
-// Invocations per workgroup: a power of two, the host's min(256, the device's limit).
+// Invocations per workgroup (a power of two, at most TREE) and partial sums per reduction
+// (a power of two): the host's min(256, the device's limit) for both, or WG = 8 on CPU adapters.
 override WG: u32 = 256u;
+override TREE: u32 = 256u;
 // log2 of 2^40: past this, eps * 2^2k dwarfs the scaled mean (< 16) by more than 2^36.
 const EPS_DOMINATES_LOG2: i32 = 40;
 
@@ -52,7 +56,7 @@ fn eps_log2(eps: f32) -> i32 {
     return select(field - 127, i32(firstLeadingBit(man)) - 149, field == 0);
 }
 
-var<workgroup> partial: array<f32, WG>;
+var<workgroup> partial: array<f32, TREE>;
 
 @compute @workgroup_size(WG)
 fn main(
@@ -67,15 +71,17 @@ fn main(
     let xb = params.x_base + row * dim;
 
     // Pass 1: the largest magnitude (exact, any order).
-    var m = 0.0;
-    for (var i = lid; i < dim; i += WG) {
-        m = max(m, abs(x[xb + i]));
+    for (var v = lid; v < TREE; v += WG) {
+        var m = 0.0;
+        for (var i = v; i < dim; i += TREE) {
+            m = max(m, abs(x[xb + i]));
+        }
+        partial[v] = m;
     }
-    partial[lid] = m;
     workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            partial[lid] = max(partial[lid], partial[lid + s]);
+    for (var s = TREE / 2u; s > 0u; s >>= 1u) {
+        for (var v = lid; v < s; v += WG) {
+            partial[v] = max(partial[v], partial[v + s]);
         }
         workgroupBarrier();
     }
@@ -89,16 +95,18 @@ fn main(
     let scale = bitcast<f32>(u32(k + 127) << 23u);
 
     // Pass 2: sum of squares of the scaled row, in a fixed order.
-    var acc = 0.0;
-    for (var i = lid; i < dim; i += WG) {
-        let v = x[xb + i] * scale;
-        acc += v * v;
+    for (var v = lid; v < TREE; v += WG) {
+        var acc = 0.0;
+        for (var i = v; i < dim; i += TREE) {
+            let e = x[xb + i] * scale;
+            acc += e * e;
+        }
+        partial[v] = acc;
     }
-    partial[lid] = acc;
     workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            partial[lid] = partial[lid] + partial[lid + s];
+    for (var s = TREE / 2u; s > 0u; s >>= 1u) {
+        for (var v = lid; v < s; v += WG) {
+            partial[v] = partial[v] + partial[v + s];
         }
         workgroupBarrier();
     }

@@ -57,7 +57,8 @@ pub struct ContextOptions {
     /// thread, so that more groups add only their combine and their reads of the queries (on
     /// lavapipe prefill about 2x faster, decode 1.2-1.6x); not on GPUs. The groups split the
     /// keys, so the bits differ between the two: results are bitwise reproducible only for
-    /// one setting, as for [`ContextOptions::key_lanes`].
+    /// one setting, as for [`ContextOptions::key_lanes`]. The decoder's RMSNorm follows it
+    /// too (one vector of 8 invocations a row instead of 256: `decoder::ops::rms_norm`).
     pub narrow_workgroups: Option<bool>,
 }
 

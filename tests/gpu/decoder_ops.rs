@@ -18,14 +18,17 @@ use kvattn::decoder::ops::embed::{
     embed, embed_host_check, encode_embed, prepare_embed, EmbedArgs,
 };
 use kvattn::decoder::ops::rms_norm::{
-    encode_rms_norm, prepare_rms_norm, rms_norm, workgroup_size, RmsNormArgs, WORKGROUP_SIZE,
+    encode_rms_norm, prepare_rms_norm, rms_norm, tree_size, workgroup_size, RmsNormArgs,
+    NARROW_WORKGROUP_SIZE, WORKGROUP_SIZE,
 };
 use kvattn::decoder::ops::swiglu::{encode_swiglu, prepare_swiglu, swiglu, SwigluArgs};
-use kvattn::gpu::Context;
+use std::sync::OnceLock;
+
+use kvattn::gpu::{Context, ContextOptions};
 use kvattn::reference::ops as reference;
 use kvattn::Error;
 
-use crate::common::{gpu, gpu_capped, Rng};
+use crate::common::{gpu, gpu_capped, test_context_options, Rng};
 
 /// Values of the NaN sentinel appended after every output.
 const TAIL: usize = 7;
@@ -142,27 +145,66 @@ fn rms_norm_workgroup_fits_the_device() {
     );
 }
 
+/// A context whose RMSNorm takes narrow workgroups (one vector of 8 invocations a row, the
+/// default on CPU adapters; the shared contexts take the GPU's 256).
+fn gpu_narrow() -> &'static Context {
+    static CTX: OnceLock<Context> = OnceLock::new();
+    CTX.get_or_init(|| {
+        let opts = ContextOptions {
+            narrow_workgroups: Some(true),
+            ..test_context_options()
+        };
+        Context::with_options(&opts).expect("a GPU adapter")
+    })
+}
+
+/// Narrow workgroups (8 invocations taking 32 partial sums each) give the bits of the wide
+/// ones, on rows of every scale.
+#[test]
+fn rms_norm_narrow_workgroups_give_the_wide_bits() {
+    let (wide, narrow) = (gpu(), gpu_narrow());
+    assert_eq!(workgroup_size(narrow), NARROW_WORKGROUP_SIZE);
+    assert!(workgroup_size(wide) > NARROW_WORKGROUP_SIZE);
+    assert_eq!(tree_size(narrow), tree_size(wide));
+    let mut rng = Rng::new(105);
+    for (rows, dim) in [(13usize, 1usize), (13, 5), (13, 576), (7, 4099), (3, 8192)] {
+        let (mut x, w) = rms_inputs(&mut rng, rows, dim);
+        x[..dim].fill(3e38);
+        let a = run_rms(wide, &x, &w, rows, dim, 1e-5);
+        let b = run_rms(narrow, &x, &w, rows, dim, 1e-5);
+        let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
+        assert!(same, "rows {rows} dim {dim}: narrow bits differ from wide");
+    }
+}
+
 #[test]
 fn rms_norm_matches_reference_over_shapes() {
-    let ctx = gpu();
     let mut rng = Rng::new(101);
-    let mut worst: f64 = 0.0;
-    for rows in [1usize, 3, 70] {
-        for dim in [1usize, 5, 64, 576, 1536, 4099, 8192] {
-            let (x, w) = rms_inputs(&mut rng, rows, dim);
-            for eps in [1e-5f32, 1e-6, 0.0] {
-                let what = format!("rms_norm rows {rows} dim {dim} eps {eps}");
-                let got = run_rms(ctx, &x, &w, rows, dim, eps);
-                worst = worst.max(check_rms(&what, &got, &x, &w, rows, dim, eps));
+    for ctx in [gpu(), gpu_narrow()] {
+        let wg = workgroup_size(ctx);
+        let mut worst: f64 = 0.0;
+        for rows in [1usize, 3, 70] {
+            for dim in [1usize, 5, 64, 576, 1536, 4099, 8192] {
+                let (x, w) = rms_inputs(&mut rng, rows, dim);
+                for eps in [1e-5f32, 1e-6, 0.0] {
+                    let what = format!("rms_norm wg {wg} rows {rows} dim {dim} eps {eps}");
+                    let got = run_rms(ctx, &x, &w, rows, dim, eps);
+                    worst = worst.max(check_rms(&what, &got, &x, &w, rows, dim, eps));
+                }
             }
         }
+        eprintln!("rms_norm wg {wg}: worst relative error {worst:e} (bound {RMS_REL:e})");
     }
-    eprintln!("rms_norm: worst relative error {worst:e} (bound {RMS_REL:e})");
 }
 
 #[test]
 fn rms_norm_zero_huge_and_tiny_rows() {
-    let ctx = gpu();
+    for ctx in [gpu(), gpu_narrow()] {
+        zero_huge_and_tiny_rows(ctx);
+    }
+}
+
+fn zero_huge_and_tiny_rows(ctx: &Context) {
     let mut rng = Rng::new(102);
     for dim in [1usize, 5, 576, 4099, 8192] {
         let w: Vec<f32> = rng.normals(dim, 0.2).iter().map(|v| 1.0 + v).collect();
@@ -190,33 +232,43 @@ fn rms_norm_zero_huge_and_tiny_rows() {
 
 #[test]
 fn rms_norm_is_batch_invariant() {
+    // The capped context binds the rows in slices from other offsets (wide workgroups).
+    for (ctx, capped) in [(gpu(), Some(gpu_capped())), (gpu_narrow(), None)] {
+        batch_invariance(ctx, capped);
+    }
+}
+
+fn batch_invariance(ctx: &Context, capped: Option<&Context>) {
+    let wg = workgroup_size(ctx);
     let mut rng = Rng::new(103);
     for dim in [576usize, 4099] {
         let rows = 70;
         let (x, w) = rms_inputs(&mut rng, rows, dim);
-        let batch = run_rms(gpu(), &x, &w, rows, dim, 1e-5);
-        // The capped context binds the rows in slices from other offsets.
-        let sliced = run_rms(gpu_capped(), &x, &w, rows, dim, 1e-5);
+        let batch = run_rms(ctx, &x, &w, rows, dim, 1e-5);
+        let sliced = capped.map(|c| run_rms(c, &x, &w, rows, dim, 1e-5));
         for r in [0usize, 1, 33, 69] {
             let row = &x[r * dim..(r + 1) * dim];
-            let alone = run_rms(gpu(), row, &w, 1, dim, 1e-5);
+            let alone = run_rms(ctx, row, &w, 1, dim, 1e-5);
             // A row inside a 3-row batch at a different position.
             let mut three = rng.normals(dim, 3.0);
             three.extend_from_slice(row);
             three.extend(rng.normals(dim, 0.01));
-            let mid = run_rms(gpu(), &three, &w, 3, dim, 1e-5);
-            for (name, other) in [
+            let mid = run_rms(ctx, &three, &w, 3, dim, 1e-5);
+            let mut others = vec![
                 ("alone", &alone[..]),
                 ("in a 3-row batch", &mid[dim..2 * dim]),
-                ("bound in slices", &sliced[r * dim..(r + 1) * dim]),
-            ] {
+            ];
+            if let Some(sliced) = &sliced {
+                others.push(("bound in slices", &sliced[r * dim..(r + 1) * dim]));
+            }
+            for (name, other) in others {
                 let same = other
                     .iter()
                     .zip(&batch[r * dim..(r + 1) * dim])
                     .all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(
                     same,
-                    "dim {dim} row {r}: {name} differs from the 70-row batch"
+                    "wg {wg} dim {dim} row {r}: {name} differs from the 70-row batch"
                 );
             }
         }

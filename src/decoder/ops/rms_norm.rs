@@ -7,11 +7,12 @@
 //! for `rows` rows of `dim` f32 values. The CPU reference is
 //! [`crate::reference::ops::rms_norm`].
 //!
-//! One workgroup of [`workgroup_size`] invocations (256 where the device allows) per row (any
-//! `dim`), a fixed reduction order (each
-//! invocation sums its strided elements in index order, then a tree in workgroup memory): the
-//! bits of a row's output depend only on that row, `weight` and `eps`, never on how many rows
-//! share the call or where the call's slices of the buffers begin (ARCHITECTURE.md section 1).
+//! One workgroup per row (any `dim`) of [`workgroup_size`] invocations (256 where the device
+//! allows; 8 on CPU adapters), a fixed reduction order ([`tree_size`] partial sums, each over
+//! its strided elements in index order, then a tree in workgroup memory; 8 invocations take
+//! 32 partials each): the bits of a row's output depend only on that row, `weight`, `eps` and
+//! the device's tree size, never on how many rows share the call, where the call's slices of
+//! the buffers begin (ARCHITECTURE.md section 1) or the workgroup size.
 //!
 //! No finite input overflows: the kernel scales the row by a power of two (exactly) so that its
 //! largest magnitude is about 1 before squaring, so rows of magnitude `1e18` or `3e38` normalize
@@ -22,10 +23,10 @@
 //! # Accuracy
 //!
 //! Within `2e-6` of the f64 reference, relative to each output (the test's bound). The sum of
-//! squares carries at most `ceil(dim / WG) + log2(WG)` f32 roundings of `2^-24` each (`2.4e-6`
-//! relative at `dim = 8192` with 256 invocations if every one went the same way; far less in practice), halved by
-//! the square root; `inverseSqrt` adds at most 2 ulp (WGSL) and the three products 0.5 ulp
-//! each.
+//! squares carries at most `ceil(dim / TREE) + log2(TREE)` f32 roundings of `2^-24` each
+//! (`2.4e-6` relative at `dim = 8192` with 256 partials if every one went the same way; far
+//! less in practice), halved by the square root; `inverseSqrt` adds at most 2 ulp (WGSL) and
+//! the three products 0.5 ulp each.
 
 use crate::decoder::ops::PreparedOp;
 use crate::gpu::dispatch::{bind, check_distinct, max_bound_elems, mul};
@@ -57,21 +58,43 @@ crate::wgsl_struct! {
     }
 }
 
-/// Invocations per workgroup (the WGSL `WG`; one workgroup per row) on devices that allow it.
+/// Invocations per workgroup and partial sums per reduction (the WGSL `WG` and `TREE`; one
+/// workgroup per row) on devices that allow it.
 pub const WORKGROUP_SIZE: u32 = 256;
 
-/// Invocations per workgroup on `ctx`'s device: [`WORKGROUP_SIZE`], or the largest power of
-/// two within the device's `max_compute_invocations_per_workgroup` when that is smaller (GLES
-/// guarantees 128). A row's result depends on it (the tree of partial sums), never on the
-/// batch.
+/// Invocations per workgroup with [`Capabilities::narrow_workgroups`](crate::gpu::Capabilities::narrow_workgroups)
+/// (CPU adapters by default): one SIMD vector of lavapipe. A CPU adapter runs a workgroup's
+/// invocations one vector after another and each barrier switches between them. The 8 take
+/// the partial sums of [`tree_size`] invocations in the same order: the same bits.
+pub const NARROW_WORKGROUP_SIZE: u32 = 8;
+
+/// Invocations per workgroup on `ctx`'s device: [`NARROW_WORKGROUP_SIZE`] with narrow
+/// workgroups ([`ContextOptions::narrow_workgroups`](crate::gpu::ContextOptions::narrow_workgroups),
+/// the default on CPU adapters), else [`tree_size`]. The bits do not depend on it.
 pub fn workgroup_size(ctx: &Context) -> u32 {
+    let tree = tree_size(ctx);
+    if ctx.caps().narrow_workgroups {
+        NARROW_WORKGROUP_SIZE.min(tree)
+    } else {
+        tree
+    }
+}
+
+/// Partial sums of a row's reductions on `ctx`'s device: [`WORKGROUP_SIZE`], or the largest
+/// power of two within the device's `max_compute_invocations_per_workgroup` when that is
+/// smaller (GLES guarantees 128). A row's result depends on it (the tree of partial sums),
+/// never on the batch or the workgroup size.
+pub fn tree_size(ctx: &Context) -> u32 {
     let limit = ctx.caps().max_compute_invocations_per_workgroup.max(1);
     WORKGROUP_SIZE.min(1 << (31 - limit.leading_zeros()))
 }
 
-/// Override constants for the naga tests: the usual workgroup and GLES's smallest.
+/// Override constants for the naga tests: the usual workgroup, GLES's smallest, and the narrow
+/// one with each.
 pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
-    vec![vec![("WG", 256.0)], vec![("WG", 128.0)]]
+    [(256.0, 256.0), (128.0, 128.0), (8.0, 256.0), (8.0, 128.0)]
+        .map(|(wg, tree)| vec![("WG", wg), ("TREE", tree)])
+        .to_vec()
 }
 
 /// One RMSNorm: `rows` rows of `dim` values of `x` into `out`, scaled by `weight`.
@@ -125,7 +148,10 @@ pub fn prepare_rms_norm(ctx: &Context, args: &RmsNormArgs<'_>) -> Result<Prepare
     let rows_per_chunk = (per_binding / dim as u64) as usize;
     let key = PipelineKey::new(
         ShaderVariant::new(Kernel::RmsNorm, Precision::F32),
-        &[("WG", f64::from(workgroup_size(ctx)))],
+        &[
+            ("WG", f64::from(workgroup_size(ctx))),
+            ("TREE", f64::from(tree_size(ctx))),
+        ],
     );
     let pipeline = ctx.pipeline(&key)?;
     let max_groups = ctx.caps().max_compute_workgroups_per_dimension.max(1) as usize;
