@@ -174,6 +174,9 @@ pub struct Capabilities {
     pub max_buffer_size: u64,
     /// Storage buffers one shader stage may bind.
     pub max_storage_buffers_per_shader_stage: u32,
+    /// Uniform buffers one shader stage may bind (the row kernel of the decoder's products
+    /// binds several windows of a weight and one of its input).
+    pub max_uniform_buffers_per_shader_stage: u32,
     /// Workgroup memory per workgroup, in bytes.
     pub max_compute_workgroup_storage_size: u32,
     /// Invocations per workgroup.
@@ -560,6 +563,7 @@ impl Context {
                 .map_or(binding, |cap| cap.min(binding)),
             max_buffer_size: limits.max_buffer_size,
             max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
+            max_uniform_buffers_per_shader_stage: limits.max_uniform_buffers_per_shader_stage,
             max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,

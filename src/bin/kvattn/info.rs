@@ -63,6 +63,10 @@ pub fn run(args: &InfoArgs) -> kvattn::Result<()> {
         c.max_storage_buffers_per_shader_stage
     );
     println!(
+        "  max_uniform_buffers_per_shader_stage  {}",
+        c.max_uniform_buffers_per_shader_stage
+    );
+    println!(
         "  max_compute_workgroup_storage_size    {}",
         c.max_compute_workgroup_storage_size
     );
