@@ -20,42 +20,25 @@
 @group(0) @binding(1) var<uniform> x: array<vec4<f32>, X_VEC4>;
 @group(0) @binding(2) var<uniform> w: array<vec4<u32>, X_VEC4>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-// Windows 1 to 3 of W (those past WINDOWS: the dispatch's last window again, never read).
-@group(0) @binding(4) var<uniform> w1: array<vec4<u32>, X_VEC4>;
-@group(0) @binding(5) var<uniform> w2: array<vec4<u32>, X_VEC4>;
-@group(0) @binding(6) var<uniform> w3: array<vec4<u32>, X_VEC4>;
+// Windows 1 to 3, or 1 to 7 (those past WINDOWS: the dispatch's last window again, never
+// read), and ggml_word reading word i of window `win` through them: written here by the host
+// for the variant's 4 or 8 windows (src/shader.rs, window_source). With params and x, 8 bound
+// windows make 10 uniform bindings: within WebGPU's default of 12 a stage.
+// @window-bindings
 
 // vec4s of the x window: 64 KiB, the smallest maxUniformBufferBindingSize WebGPU allows.
 const X_VEC4: u32 = 4096u;
 
 // The window ggml_word reads: set (to a literal) before each chunk is decoded, so that once
-// the calls are inlined every read's window is a constant and the switch below folds away. A
+// the calls are inlined every read's window is a constant and the switch folds away. A
 // dispatch of several windows is one dispatch instead of several: on a CPU adapter each
 // dispatch costs a wake-up and a wait of its threads.
 var<private> win: u32;
 
-fn ggml_word(i: u32) -> u32 {
-    let j = params.win_w_base[win] + i;
-    switch win {
-        case 1u: {
-            return w1[j / 4u][j % 4u];
-        }
-        case 2u: {
-            return w2[j / 4u][j % 4u];
-        }
-        case 3u: {
-            return w3[j / 4u][j % 4u];
-        }
-        default: {
-            return w[j / 4u][j % 4u];
-        }
-    }
-}
-
 // Chunk c of rows o0 .. o0 + 3 of window j (its last row repeated past its rows).
 fn window_chunks4(j: u32, o0: u32, chunks: u32, c: u32) -> Chunks4 {
     win = j;
-    return chunks4_in(o0, params.win_n[j], chunks, c);
+    return chunks4_in(o0, params.win_n[j / 4u][j % 4u], chunks, c);
 }
 
 // Values 8p .. 8p + 7 of the four chunks of window j.
@@ -66,7 +49,7 @@ fn window_rows4(j: u32, ch: Chunks4, p: u32) -> Rows4 {
 
 // Writes the outputs of x row t for rows o0 .. o0 + 3 of window j, where they exist.
 fn window_store4(j: u32, t: u32, o0: u32, v: vec4<f32>) {
-    store4_in(t, o0, params.win_n[j], params.win_n_base[j], v);
+    store4_in(t, o0, params.win_n[j / 4u][j % 4u], params.win_n_base[j / 4u][j % 4u], v);
 }
 
 // Invocations per workgroup: one SIMD vector of lavapipe (8 lanes), so that a window's rows
@@ -85,13 +68,14 @@ fn x_row_dot(w: Rows4, xo: u32, t: u32, acc: vec4<f32>) -> vec4<f32> {
 // ROWS_T rows of x. The accumulators are indexed by literals only (registers on lavapipe).
 override ROWS_T: u32 = 1u;
 
-// Windows of W per dispatch (1 to 4; more than 1 only for one row of x, ROWS_T = 1): each
-// invocation owns 4 rows in each, each x value then loaded once per 4 WINDOWS rows of W.
+// Windows of W per dispatch (1 to 8; more than 1 only for one row of x, ROWS_T = 1): each
+// invocation owns 4 rows in each, taken four windows at a time (a quad: windows 0 .. 3, then
+// 4 .. 7), each x value loaded once per quad for its 4 rows of each window.
 override WINDOWS: u32 = 1u;
 
 // The partials of lane l (chunks l, l + LANES, ...) of the 4 rows of W from o0: for rows t ..
-// t + ROWS_T - 1 of x (a0 .. a3) in window 0, or with WINDOWS > 1 for x row t in windows 0 ..
-// WINDOWS - 1 (a0 .. a3).
+// t + ROWS_T - 1 of x (a0 .. a3) in window 0, or with WINDOWS > 1 for x row t in windows
+// first .. first + 3 (a0 .. a3; first = 0 or 4, a literal at each call).
 struct Partials {
     a0: vec4<f32>,
     a1: vec4<f32>,
@@ -99,27 +83,30 @@ struct Partials {
     a3: vec4<f32>,
 }
 
-fn partials(o0: u32, chunks: u32, t: u32, l: u32) -> Partials {
+fn partials(o0: u32, chunks: u32, t: u32, l: u32, first: u32) -> Partials {
     var acc = Partials(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
     for (var c = l; c < chunks; c += LANES) {
-        let ch = window_chunks4(0u, o0, chunks, c);
+        let ch = window_chunks4(first, o0, chunks, c);
         if WINDOWS > 1u {
-            // One row of x, the same rows of each window (a1 .. a3: windows 1 .. 3), each x
-            // value loaded once for all. A window past WINDOWS repeats the last (unused).
-            let ch1 = window_chunks4(1u, o0, chunks, c);
-            let ch2 = window_chunks4(min(2u, WINDOWS - 1u), o0, chunks, c);
-            let ch3 = window_chunks4(min(3u, WINDOWS - 1u), o0, chunks, c);
+            // One row of x, the same rows of each window of the quad (a1 .. a3: windows
+            // first + 1 .. first + 3), each x value loaded once for all. A window past WINDOWS
+            // repeats the last (unused).
+            let ch1 = window_chunks4(min(first + 1u, WINDOWS - 1u), o0, chunks, c);
+            let ch2 = window_chunks4(min(first + 2u, WINDOWS - 1u), o0, chunks, c);
+            let ch3 = window_chunks4(min(first + 3u, WINDOWS - 1u), o0, chunks, c);
             let at = params.x_base / 4u + c * 8u;
             for (var p = 0u; p < 4u; p++) {
                 let xa = x[at + 2u * p];
                 let xb = x[at + 2u * p + 1u];
-                acc.a0 = dot8x4(window_rows4(0u, ch, p), xa, xb, acc.a0);
-                acc.a1 = dot8x4(window_rows4(1u, ch1, p), xa, xb, acc.a1);
-                if WINDOWS > 2u {
-                    acc.a2 = dot8x4(window_rows4(2u, ch2, p), xa, xb, acc.a2);
+                acc.a0 = dot8x4(window_rows4(first, ch, p), xa, xb, acc.a0);
+                if WINDOWS > first + 1u {
+                    acc.a1 = dot8x4(window_rows4(first + 1u, ch1, p), xa, xb, acc.a1);
                 }
-                if WINDOWS > 3u {
-                    acc.a3 = dot8x4(window_rows4(3u, ch3, p), xa, xb, acc.a3);
+                if WINDOWS > first + 2u {
+                    acc.a2 = dot8x4(window_rows4(first + 2u, ch2, p), xa, xb, acc.a2);
+                }
+                if WINDOWS > first + 3u {
+                    acc.a3 = dot8x4(window_rows4(first + 3u, ch3, p), xa, xb, acc.a3);
                 }
             }
             continue;
@@ -144,54 +131,72 @@ fn add_partials(x: Partials, y: Partials) -> Partials {
     return Partials(x.a0 + y.a0, x.a1 + y.a1, x.a2 + y.a2, x.a3 + y.a3);
 }
 
+// The sums of x row t for the 4 rows of W from o0 in the quad from window `first` (a
+// literal at each call): lane_tree's sums (lib/qmatmul_dot.wgsl: step o adds p[j + o] to p[j],
+// o = 8, 4, 2, 1) without an indexed array, which a CPU adapter keeps in memory one lane at a
+// time: taken in bit-reversed order (0, 8, 4, 12, 2, ...), the partials meet that tree as a
+// left-to-right binary tree, which a binary counter sums with one pending value per level (h0
+// .. h3: four levels and 4-bit reversal, for LANES = 16).
+fn quad_sums(o0: u32, chunks: u32, t: u32, first: u32) -> Partials {
+    var h0: Partials;
+    var h1: Partials;
+    var h2: Partials;
+    var h3: Partials;
+    var sum: Partials;
+    for (var i = 0u; i < LANES; i++) {
+        let leaf = partials(o0, chunks, t, reverseBits(i) >> 28u, first);
+        if (i & 1u) == 0u {
+            h0 = leaf;
+            continue;
+        }
+        let n1 = add_partials(h0, leaf);
+        if (i & 2u) == 0u {
+            h1 = n1;
+            continue;
+        }
+        let n2 = add_partials(h1, n1);
+        if (i & 4u) == 0u {
+            h2 = n2;
+            continue;
+        }
+        let n3 = add_partials(h2, n2);
+        if (i & 8u) == 0u {
+            h3 = n3;
+            continue;
+        }
+        sum = add_partials(h3, n3);
+    }
+    return sum;
+}
+
+// Writes the sums of x row t of the quad from window `first` (a literal) for its windows
+// below WINDOWS.
+fn quad_store(t: u32, o0: u32, first: u32, sum: Partials) {
+    window_store4(first, t, o0, sum.a0);
+    if WINDOWS > first + 1u {
+        window_store4(first + 1u, t, o0, sum.a1);
+    }
+    if WINDOWS > first + 2u {
+        window_store4(first + 2u, t, o0, sum.a2);
+    }
+    if WINDOWS > first + 3u {
+        window_store4(first + 3u, t, o0, sum.a3);
+    }
+}
+
 @compute @workgroup_size(ROW_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let o0 = (wid.x * ROW_WG + lid) * 4u;
     let chunks = params.k / 32u;
     for (var t = 0u; t < params.rows; t += ROWS_T) {
-        // lane_tree's sums (lib/qmatmul_dot.wgsl: step o adds p[j + o] to p[j], o = 8, 4, 2,
-        // 1) without an indexed array, which a CPU adapter keeps in memory one lane at a time:
-        // taken in bit-reversed order (0, 8, 4, 12, 2, ...), the partials meet that tree as
-        // a left-to-right binary tree, which a binary counter sums with one pending value per
-        // level (h0 .. h3: four levels and 4-bit reversal, for LANES = 16).
-        var h0: Partials;
-        var h1: Partials;
-        var h2: Partials;
-        var h3: Partials;
-        var sum: Partials;
-        for (var i = 0u; i < LANES; i++) {
-            let leaf = partials(o0, chunks, t, reverseBits(i) >> 28u);
-            if (i & 1u) == 0u {
-                h0 = leaf;
-                continue;
-            }
-            let n1 = add_partials(h0, leaf);
-            if (i & 2u) == 0u {
-                h1 = n1;
-                continue;
-            }
-            let n2 = add_partials(h1, n1);
-            if (i & 4u) == 0u {
-                h2 = n2;
-                continue;
-            }
-            let n3 = add_partials(h2, n2);
-            if (i & 8u) == 0u {
-                h3 = n3;
-                continue;
-            }
-            sum = add_partials(h3, n3);
+        let sum = quad_sums(o0, chunks, t, 0u);
+        if WINDOWS > 1u {
+            quad_store(t, o0, 0u, sum);
+            // The 8-window variant's second quad (windows 4 .. 7, WINDOWS > 4):
+            // @second-quad
+            continue;
         }
         window_store4(0u, t, o0, sum.a0);
-        if WINDOWS > 1u {
-            window_store4(1u, t, o0, sum.a1);
-        }
-        if WINDOWS > 2u {
-            window_store4(2u, t, o0, sum.a2);
-        }
-        if WINDOWS > 3u {
-            window_store4(3u, t, o0, sum.a3);
-        }
         if ROWS_T > 1u {
             window_store4(0u, t + 1u, o0, sum.a1);
         }

@@ -166,6 +166,19 @@ pub fn representative_constants(variant: &ShaderVariant) -> Vec<Constants> {
             .into_iter()
             .filter(|set| crate::attention::paged::shape_of_constants(set) == shape)
             .collect(),
+        // The row kernel's variants take the window counts they serve (4 or fewer, or more).
+        (None, None) if variant.kernel == Kernel::QMatmulRows => {
+            kernel_constants(variant.kernel, variant.precision)
+                .into_iter()
+                .filter(|set| {
+                    let windows = set
+                        .iter()
+                        .find(|(n, _)| *n == "WINDOWS")
+                        .map_or(1.0, |c| c.1);
+                    (windows > 4.0) == (variant.weight_windows > 4)
+                })
+                .collect()
+        }
         (None, None) => kernel_constants(variant.kernel, variant.precision),
     }
 }
@@ -223,6 +236,9 @@ pub fn all_variants() -> Vec<ShaderVariant> {
                             ..base
                         });
                     }
+                } else if kernel == Kernel::QMatmulRows {
+                    #[cfg(feature = "decoder")]
+                    variants.extend(crate::decoder::ops::qmatmul::row_variants());
                 } else {
                     variants.push(base);
                 }

@@ -455,6 +455,47 @@ pub fn pool_bindings(slots: u32, words: bool) -> String {
     src
 }
 
+/// The line of `shaders/qmatmul_rows.wgsl` that [`window_source`] replaces with the weight
+/// windows' declarations and their reader `ggml_word`.
+pub const WINDOW_BINDINGS_MARK: &str = "// @window-bindings";
+
+/// The line of `shaders/qmatmul_rows.wgsl` that [`window_source`] replaces with the second
+/// quad of windows (windows 4 to 7) where the variant binds 8.
+pub const SECOND_QUAD_MARK: &str = "// @second-quad";
+
+/// The row kernel of the block-format product written out for `windows` bound windows of the
+/// weight (4 or 8; 0 reads as 4): bindings `w` (2) and `w1` .. (4 ..), `ggml_word` reading word
+/// `i` of window `win` through a `switch` over them, and with 8 the second quad's sums. Each
+/// count is its own source because a CPU adapter's compiler copies every case of the switch
+/// into every read before it folds `win` to a constant: compiling the 8-window form for a
+/// dispatch of 4 or fewer windows took 2 to 3 times as long on lavapipe.
+pub fn window_source(body: &str, windows: u8) -> String {
+    let windows = if windows > 4 { 8 } else { 4 };
+    let mut decl = String::new();
+    let mut cases = String::new();
+    for j in 1..windows {
+        decl.push_str(&format!(
+            "@group(0) @binding({}) var<uniform> w{j}: array<vec4<u32>, X_VEC4>;\n",
+            3 + j
+        ));
+        cases.push_str(&format!(
+            "        case {j}u: {{\n            return w{j}[at / 4u][at % 4u];\n        }}\n"
+        ));
+    }
+    let reader = format!(
+        "\nfn ggml_word(i: u32) -> u32 {{\n    let at = params.win_w_base[win / 4u][win % 4u] + i;\n    \
+         switch win {{\n{cases}        default: {{\n            return w[at / 4u][at % 4u];\n        \
+         }}\n    }}\n}}\n"
+    );
+    let second = if windows > 4 {
+        "            quad_store(t, o0, 4u, quad_sums(o0, chunks, t, 4u));\n"
+    } else {
+        ""
+    };
+    body.replace(WINDOW_BINDINGS_MARK, &(decl + &reader))
+        .replace(SECOND_QUAD_MARK, second)
+}
+
 /// One composable shader: a kernel in a precision, with portable or subgroup reductions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ShaderVariant {
@@ -477,6 +518,9 @@ pub struct ShaderVariant {
     /// Pool buffers (K and V each) the workgroup attention kernel binds, at least 1
     /// ([`Kernel::Paged`] only; [`pool_bindings`] writes their declarations).
     pub pool_slots: u8,
+    /// Windows of the weight the row kernel of the block-format product binds: 4 (also for
+    /// 0) or 8 ([`Kernel::QMatmulRows`] only; [`window_source`] writes them).
+    pub weight_windows: u8,
 }
 
 impl ShaderVariant {
@@ -490,6 +534,7 @@ impl ShaderVariant {
             unroll: None,
             f16_convert: false,
             pool_slots: 1,
+            weight_windows: 0,
         }
     }
 
@@ -514,9 +559,10 @@ impl ShaderVariant {
             .map(|l| format!("[{}]", l.name()))
             .or_else(|| self.unroll.map(|u| format!("[{}]", u.name())))
             .unwrap_or_default();
-        let pools = match self.pool_slots {
-            0 | 1 => String::new(),
-            n => format!("+pools{n}"),
+        let pools = match (self.pool_slots, self.weight_windows) {
+            (_, 5..) => "+windows8".to_string(),
+            (0 | 1, _) => String::new(),
+            (n, _) => format!("+pools{n}"),
         };
         format!(
             "{}/{}{sg}{pools}{lanes}",
@@ -558,6 +604,9 @@ impl ShaderVariant {
             Some((slots, words)) => src.push_str(
                 &body.replace(POOL_BINDINGS_MARK, &pool_bindings(u32::from(slots), words)),
             ),
+            None if self.kernel == Kernel::QMatmulRows => {
+                src.push_str(&window_source(&body, self.weight_windows));
+            }
             None => src.push_str(&body),
         }
         if self.kernel.has_subgroup_variant() {
@@ -661,6 +710,23 @@ mod tests {
         // The value loop reads K chunks where the values are the K row: as many as either.
         for line in ["const MAX_QREG: u32 = 30u;", "const MAX_CHK: u32 = 8u;"] {
             assert!(wider_values.lines().any(|l| l == line), "missing {line}");
+        }
+    }
+
+    #[test]
+    fn the_row_kernel_is_written_out_for_4_or_8_windows() {
+        let body = Kernel::QMatmulRows.body();
+        let four = window_source(body, 4);
+        assert!(four.contains("@binding(6) var<uniform> w3"));
+        assert!(!four.contains("w4"));
+        assert!(!four.contains("quad_sums(o0, chunks, t, 4u)"));
+        assert_eq!(four, window_source(body, 0));
+        let eight = window_source(body, 8);
+        assert!(eight.contains("@binding(10) var<uniform> w7"));
+        assert!(eight.contains("return w7[at / 4u][at % 4u];"));
+        assert!(eight.contains("quad_sums(o0, chunks, t, 4u)"));
+        for src in [&four, &eight] {
+            assert!(!src.contains(WINDOW_BINDINGS_MARK) && !src.contains(SECOND_QUAD_MARK));
         }
     }
 

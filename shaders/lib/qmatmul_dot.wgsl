@@ -29,12 +29,12 @@ struct QMatmulParams {
     y_base: u32,
     // 1: add each output into y (y's value first: the residual add, fused); 0: write it.
     accumulate: u32,
-    // The row kernel's windows of W (component j: window j; zeros for the other kernels):
-    // the first weight word inside window j's binding, its rows, and the column of y its row 0
-    // writes.
-    win_w_base: vec4<u32>,
-    win_n: vec4<u32>,
-    win_n_base: vec4<u32>,
+    // The row kernel's windows of W (window j: component j % 4 of element j / 4; zeros for
+    // the other kernels): the first weight word inside window j's binding, its rows, and the
+    // column of y its row 0 writes.
+    win_w_base: array<vec4<u32>, 2>,
+    win_n: array<vec4<u32>, 2>,
+    win_n_base: array<vec4<u32>, 2>,
 }
 
 // Partials per output (lanes of a row of W).

@@ -261,8 +261,8 @@ fn every_block_type_matches_the_cpu_reference_on_odd_shapes() {
     );
 }
 
-/// One row of x over short weight rows (one block each) and a weight of several windows: the
-/// row kernel binds up to 4 windows of W a dispatch, shared evenly (the last window shorter),
+/// One row of x over short weight rows (one block each) and a weight of 8 windows: the row
+/// kernel binds up to 8 windows of W a dispatch (two quads of 4, the last window shorter),
 /// each invocation owning 4 rows in each; the kernels agree bit for bit and match the CPU.
 #[test]
 fn one_row_over_short_weight_rows_matches_in_every_kernel() {
@@ -276,8 +276,8 @@ fn one_row_over_short_weight_rows_matches_in_every_kernel() {
         GgmlType::F16,
     ] {
         let k = (ty.block_size() as usize).max(32);
-        // Over 4 windows' worth of rows: 5 windows or more.
-        let n = 4 * window_rows(ty, k) + 5;
+        // Over 7 windows' worth of rows: 8 windows (on 2 threads, whole_groups), one dispatch.
+        let n = 7 * window_rows(ty, k) + 5;
         let w = random_weight(&mut rng, ty, n, k);
         let weight = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
         let x = rng.normals(2 * k, 1.0);

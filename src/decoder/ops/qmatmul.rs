@@ -18,7 +18,7 @@
 //!   decoded chunk applied to every row of `x`; the partials meet in workgroup memory. For
 //!   decode on GPUs and for any product the others do not take.
 //! - the row kernel ([`qmatmul_rows`](super::qmatmul_rows)): an invocation owns 4 rows of `W`
-//!   (in each of up to 4 windows of `W` a dispatch binds) and computes their partials itself,
+//!   (in each of up to 8 windows of `W` a dispatch binds) and computes their partials itself,
 //!   each decoded chunk applied to up to 4 rows of `x`, `x` and `W` read through uniform
 //!   windows. For CPU adapters, whose storage loads and
 //!   barriers are costly; `x` must come from [`input_buffer`] (the decoder's activations do)
@@ -83,13 +83,13 @@ crate::wgsl_struct! {
         pub y_base: u32,
         /// 1: add the product into y (`y += W x`, [`QMatmulArgs::accumulate`]); 0: write it.
         pub accumulate: u32,
-        /// Row kernel: the first weight word inside the binding of window `j` (component
-        /// `j`; zeros for the other kernels).
-        pub win_w_base: [u32; 4],
+        /// Row kernel: the first weight word inside the binding of window `j` (element `j`;
+        /// zeros for the other kernels).
+        pub win_w_base: [u32; 8],
         /// Row kernel: the rows of `W` window `j` holds.
-        pub win_n: [u32; 4],
+        pub win_n: [u32; 8],
         /// Row kernel: the column of y row 0 of window `j` writes.
-        pub win_n_base: [u32; 4],
+        pub win_n_base: [u32; 8],
     }
 }
 
@@ -370,12 +370,44 @@ fn row_constants(ty: GgmlType, rows: usize, windows: usize) -> Vec<(&'static str
     c
 }
 
+/// Windows of `W` the row kernel's variant for a dispatch of `windows` binds: 4, or 8 past 4
+/// (each count its own source, [`crate::shader::window_source`]).
+fn bound_windows(windows: usize) -> u8 {
+    if windows > 4 {
+        8
+    } else {
+        4
+    }
+}
+
+/// The shader of `kernel` for a dispatch of `windows` windows (the row kernel's variant; the
+/// others have one).
+fn row_variant(kernel: Kernel, windows: usize) -> ShaderVariant {
+    let base = ShaderVariant::new(kernel, Precision::F32);
+    if kernel == Kernel::QMatmulRows {
+        ShaderVariant {
+            weight_windows: bound_windows(windows),
+            ..base
+        }
+    } else {
+        base
+    }
+}
+
+/// The row kernel's two variants (4 and 8 bound windows) for the naga tests.
+pub fn row_variants() -> [ShaderVariant; 2] {
+    [4, 8].map(|w| row_variant(Kernel::QMatmulRows, w))
+}
+
 /// Most windows of `W` one dispatch of the row kernel binds (its `WINDOWS`; bindings `w`,
-/// `w1` .. `w3`).
-pub const MAX_WINDOWS: usize = 4;
+/// `w1` .. `w7` of its 8-window variant): with its uniform and `x`'s window, 10 uniform
+/// bindings, within WebGPU's default limit of 12 a stage. A CPU adapter pays tens of
+/// microseconds a dispatch (lavapipe wakes its threads and waits for them; about 50 us on a
+/// 2-core machine), so the fewer dispatches the better.
+pub const MAX_WINDOWS: usize = 8;
 
 /// Override constants of the row kernel for the naga tests: every type, one row of x with 1
-/// to 4 windows per dispatch, and four rows of x per decoded weight.
+/// to 8 windows per dispatch, and four rows of x per decoded weight.
 pub fn row_representative_constants() -> Vec<Vec<(&'static str, f64)>> {
     crate::decoder::blocks::SUPPORTED
         .iter()
@@ -756,10 +788,7 @@ pub fn prepare_qmatmul_mapped(
                     QMatmulMapping::Rows => row_constants(w.ty, rows, windows),
                     _ => constants.clone(),
                 };
-                let key = PipelineKey::new(
-                    ShaderVariant::new(mapping.kernel(), Precision::F32),
-                    &constants,
-                );
+                let key = PipelineKey::new(row_variant(mapping.kernel(), windows), &constants);
                 let p = ctx.pipeline(&key)?;
                 pipelines[windows] = Some(std::sync::Arc::clone(&p));
                 p
@@ -777,8 +806,10 @@ pub fn prepare_qmatmul_mapped(
             ys.resource(y),
         ];
         if mapping == QMatmulMapping::Rows {
-            // Windows 1 .. 3 (past the dispatch's windows, its last again: never read).
-            resources.extend((1..MAX_WINDOWS).map(w_resource));
+            // Windows 1 .. 3 or 1 .. 7 of the variant (past the dispatch's windows, its last
+            // again: never read).
+            let bound = usize::from(bound_windows(windows));
+            resources.extend((1..bound).map(w_resource));
         }
         dispatches.push(ctx.prepare_dispatch(
             mapping.kernel().name(),
@@ -877,12 +908,13 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(lens(1), [1]);
-        assert_eq!(lens(4), [4]);
+        assert_eq!(lens(8), [8]);
         // attn_q of SmolLM2 (5 windows), ffn_down (9), ffn_gate (12), the output (768).
-        assert_eq!(lens(5), [3, 2]);
-        assert_eq!(lens(9), [3, 3, 3]);
-        assert_eq!(lens(12), [4, 4, 4]);
-        assert_eq!(lens(768), [4; 192]);
+        assert_eq!(lens(5), [5]);
+        assert_eq!(lens(9), [5, 4]);
+        assert_eq!(lens(12), [6, 6]);
+        assert_eq!(lens(17), [6, 6, 5]);
+        assert_eq!(lens(768), [8; 96]);
         // In order, each window once.
         let all: Vec<usize> = window_batches(11).into_iter().flatten().collect();
         assert_eq!(all, (0..11).collect::<Vec<_>>());
