@@ -37,6 +37,21 @@ pub fn test_context_options() -> kvattn::gpu::ContextOptions {
     }
 }
 
+/// A context in narrow workgroups (`ContextOptions::narrow_workgroups`, a CPU adapter's
+/// default; [`gpu`] takes a GPU's wide ones everywhere) whose plans run the workgroup attention
+/// kernel: its one-group workgroups, and the decoder's RMSNorm in 8 invocations a row.
+pub fn gpu_narrow() -> &'static Context {
+    static CTX: OnceLock<Context> = OnceLock::new();
+    CTX.get_or_init(|| {
+        Context::with_options(&kvattn::gpu::ContextOptions {
+            attention_kernel: Some(kvattn::gpu::AttentionKernel::Workgroup),
+            narrow_workgroups: Some(true),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("GPU tests need a wgpu adapter and none was usable: {e}"))
+    })
+}
+
 /// xorshift64*: deterministic, dependency-free test data.
 pub struct Rng(u64);
 

@@ -22,13 +22,11 @@ use kvattn::decoder::ops::rms_norm::{
     NARROW_WORKGROUP_SIZE, WORKGROUP_SIZE,
 };
 use kvattn::decoder::ops::swiglu::{encode_swiglu, prepare_swiglu, swiglu, SwigluArgs};
-use std::sync::OnceLock;
-
-use kvattn::gpu::{Context, ContextOptions};
+use kvattn::gpu::Context;
 use kvattn::reference::ops as reference;
 use kvattn::Error;
 
-use crate::common::{gpu, gpu_capped, test_context_options, Rng};
+use crate::common::{gpu, gpu_capped, gpu_narrow, Rng};
 
 /// Values of the NaN sentinel appended after every output.
 const TAIL: usize = 7;
@@ -143,19 +141,6 @@ fn rms_norm_workgroup_fits_the_device() {
         wg * 2 > limit.min(WORKGROUP_SIZE),
         "{wg}: the largest that fits {limit}"
     );
-}
-
-/// A context whose RMSNorm takes narrow workgroups (one vector of 8 invocations a row, the
-/// default on CPU adapters; the shared contexts take the GPU's 256).
-fn gpu_narrow() -> &'static Context {
-    static CTX: OnceLock<Context> = OnceLock::new();
-    CTX.get_or_init(|| {
-        let opts = ContextOptions {
-            narrow_workgroups: Some(true),
-            ..test_context_options()
-        };
-        Context::with_options(&opts).expect("a GPU adapter")
-    })
 }
 
 /// Narrow workgroups (8 invocations taking 32 partial sums each) give the bits of the wide

@@ -20,7 +20,7 @@ use kvattn::reference::mla::{mla, MlaBatch, MlaShape};
 use kvattn::reference::{self, AttentionOutput};
 use kvattn::shader::Precision;
 
-use crate::common::{gpu, grid_stride, Rng};
+use crate::common::{gpu, gpu_narrow, grid_stride, Rng};
 
 /// A context whose plans run the lanes kernel (the CPU adapters' default).
 fn gpu_lanes() -> &'static Context {
@@ -28,20 +28,6 @@ fn gpu_lanes() -> &'static Context {
     CTX.get_or_init(|| {
         Context::with_options(&ContextOptions {
             attention_kernel: Some(AttentionKernel::Lanes),
-            ..Default::default()
-        })
-        .expect("a wgpu adapter")
-    })
-}
-
-/// A context whose plans run the workgroup kernel in narrow workgroups (one lane group a
-/// workgroup, a CPU adapter's default; `gpu()` takes a GPU's wide ones everywhere).
-fn gpu_narrow() -> &'static Context {
-    static CTX: OnceLock<Context> = OnceLock::new();
-    CTX.get_or_init(|| {
-        Context::with_options(&ContextOptions {
-            attention_kernel: Some(AttentionKernel::Workgroup),
-            narrow_workgroups: Some(true),
             ..Default::default()
         })
         .expect("a wgpu adapter")
