@@ -157,7 +157,8 @@ pub fn kernel_constants(kernel: Kernel, precision: Precision) -> Vec<Constants> 
 /// Override-constant sets the naga tests specialize `variant` with: its kernel's
 /// ([`kernel_constants`]), or for a written-out lanes kernel the one set of its shape.
 pub fn representative_constants(variant: &ShaderVariant) -> Vec<Constants> {
-    match (variant.lanes, variant.unroll) {
+    let constant = |set: &Constants, name: &str| set.iter().find(|(n, _)| *n == name).map(|c| c.1);
+    let sets = match (variant.lanes, variant.unroll) {
         (Some(shape), _) => crate::attention::paged::lanes_constants_for(shape, variant.precision)
             .into_iter()
             .collect(),
@@ -171,15 +172,20 @@ pub fn representative_constants(variant: &ShaderVariant) -> Vec<Constants> {
             kernel_constants(variant.kernel, variant.precision)
                 .into_iter()
                 .filter(|set| {
-                    let windows = set
-                        .iter()
-                        .find(|(n, _)| *n == "WINDOWS")
-                        .map_or(1.0, |c| c.1);
+                    let windows = constant(set, "WINDOWS").unwrap_or(1.0);
                     (windows > 4.0) == (variant.weight_windows > 4)
                 })
                 .collect()
         }
         (None, None) => kernel_constants(variant.kernel, variant.precision),
+    };
+    // A block-format kernel written out for one type takes that type's sets.
+    match variant.ggml_format {
+        Some(id) => sets
+            .into_iter()
+            .filter(|set| constant(set, "FORMAT") == Some(f64::from(id)))
+            .collect(),
+        None => sets,
     }
 }
 
@@ -236,9 +242,13 @@ pub fn all_variants() -> Vec<ShaderVariant> {
                             ..base
                         });
                     }
-                } else if kernel == Kernel::QMatmulRows {
+                } else if matches!(
+                    kernel,
+                    Kernel::QMatmul | Kernel::QMatmulRows | Kernel::QMatmulTiled | Kernel::QEmbed
+                ) {
+                    // Written out for each weight type (ShaderVariant::ggml_format).
                     #[cfg(feature = "decoder")]
-                    variants.extend(crate::decoder::ops::qmatmul::row_variants());
+                    variants.extend(crate::decoder::ops::qmatmul::format_variants(kernel));
                 } else {
                     variants.push(base);
                 }

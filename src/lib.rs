@@ -98,6 +98,7 @@ pub mod cache;
 #[cfg(feature = "decoder")]
 pub mod decoder;
 pub mod error;
+mod ggml_source;
 pub mod gpu;
 pub mod kernels;
 pub mod matmul;

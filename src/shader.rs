@@ -21,7 +21,7 @@ const PRELUDE_F16: &str = include_str!("../shaders/lib/precision_f16.wgsl");
 /// KV storage formats: dtype codes, row sizes, exact decoders of single values.
 const LIB_KV_FORMAT: &str = include_str!("../shaders/lib/kv_format.wgsl");
 /// Values of weights in GGUF block formats (the decoder's quantized products).
-const LIB_GGML_BLOCKS: &str = include_str!("../shaders/lib/ggml_blocks.wgsl");
+pub(crate) const LIB_GGML_BLOCKS: &str = include_str!("../shaders/lib/ggml_blocks.wgsl");
 const LIB_QMATMUL_DOT: &str = include_str!("../shaders/lib/qmatmul_dot.wgsl");
 /// Reading K/V rows of any storage format through the kernel's pool accessors.
 const LIB_KV_LOAD: &str = include_str!("../shaders/lib/kv_load.wgsl");
@@ -521,6 +521,12 @@ pub struct ShaderVariant {
     /// Windows of the weight the row kernel of the block-format product binds: 4 (also for
     /// 0) or 8 ([`Kernel::QMatmulRows`] only; [`window_source`] writes them).
     pub weight_windows: u8,
+    /// The ggml type (its id) the block-format kernels ([`Kernel::QMatmul`],
+    /// [`Kernel::QMatmulRows`], [`Kernel::QMatmulTiled`], [`Kernel::QEmbed`]) are written out
+    /// for: `lib/ggml_blocks.wgsl` with only that type's cases of each `switch FORMAT`, which
+    /// CPU adapters compile several times faster; the `FORMAT` constant must name the same
+    /// type. `None` keeps every type's cases.
+    pub ggml_format: Option<u8>,
 }
 
 impl ShaderVariant {
@@ -535,6 +541,7 @@ impl ShaderVariant {
             f16_convert: false,
             pool_slots: 1,
             weight_windows: 0,
+            ggml_format: None,
         }
     }
 
@@ -564,8 +571,15 @@ impl ShaderVariant {
             (0 | 1, _) => String::new(),
             (n, _) => format!("+pools{n}"),
         };
+        let format = self
+            .ggml_format
+            .map(|id| {
+                let name = crate::ggml_source::format_name(LIB_GGML_BLOCKS, id);
+                format!("+{}", name.unwrap_or_else(|| format!("ggml{id}")))
+            })
+            .unwrap_or_default();
         format!(
-            "{}/{}{sg}{pools}{lanes}",
+            "{}/{}{sg}{pools}{format}{lanes}",
             self.kernel.name(),
             self.precision.name()
         )
@@ -578,9 +592,14 @@ impl ShaderVariant {
             Precision::F16 => PRELUDE_F16,
         };
         let mut src = String::from(prelude);
-        for lib in self.kernel.libs() {
+        for &lib in self.kernel.libs() {
             src.push('\n');
-            src.push_str(lib);
+            match self.ggml_format {
+                Some(id) if lib == LIB_GGML_BLOCKS => {
+                    src.push_str(&crate::ggml_source::format_source(lib, id));
+                }
+                _ => src.push_str(lib),
+            }
         }
         if self.kernel == Kernel::Paged {
             src.push('\n');

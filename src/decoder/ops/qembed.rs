@@ -7,13 +7,13 @@
 //! The table is a [`QWeight`] (`vocab` rows of `dim` values), so a tied output projection and
 //! the gather share one copy of it on the GPU.
 
-use crate::decoder::ops::qmatmul::{format_constants, QWeight};
+use crate::decoder::ops::qmatmul::{format_constants, format_variant, QWeight};
 use crate::decoder::ops::PreparedOp;
 use crate::gpu::dispatch::{bind, check_distinct, check_positive, element_grid, max_bound_elems};
 use crate::gpu::dispatch::{binding_limit, mul};
 use crate::gpu::{check_storage, Context};
 use crate::pipeline::PipelineKey;
-use crate::shader::{Kernel, Precision, ShaderVariant};
+use crate::shader::Kernel;
 use crate::{Error, Result};
 
 crate::wgsl_struct! {
@@ -121,7 +121,7 @@ pub fn prepare_qembed(ctx: &Context, args: &QEmbedArgs<'_>) -> Result<PreparedOp
         t0 += nt;
     }
     let key = PipelineKey::new(
-        ShaderVariant::new(Kernel::QEmbed, Precision::F32),
+        format_variant(Kernel::QEmbed, table.ggml_type()),
         &format_constants(table.ggml_type()),
     );
     let pipeline = ctx.pipeline(&key)?;

@@ -380,10 +380,10 @@ fn bound_windows(windows: usize) -> u8 {
     }
 }
 
-/// The shader of `kernel` for a dispatch of `windows` windows (the row kernel's variant; the
-/// others have one).
-fn row_variant(kernel: Kernel, windows: usize) -> ShaderVariant {
-    let base = ShaderVariant::new(kernel, Precision::F32);
+/// The shader of `kernel` for weights of type `ty` (written out for the type,
+/// [`ShaderVariant::ggml_format`]) and, for the row kernel, a dispatch of `windows` windows.
+fn row_variant(kernel: Kernel, ty: GgmlType, windows: usize) -> ShaderVariant {
+    let base = format_variant(kernel, ty);
     if kernel == Kernel::QMatmulRows {
         ShaderVariant {
             weight_windows: bound_windows(windows),
@@ -394,9 +394,27 @@ fn row_variant(kernel: Kernel, windows: usize) -> ShaderVariant {
     }
 }
 
-/// The row kernel's two variants (4 and 8 bound windows) for the naga tests.
-pub fn row_variants() -> [ShaderVariant; 2] {
-    [4, 8].map(|w| row_variant(Kernel::QMatmulRows, w))
+/// The shader of a block-format kernel (the product's three, or [`Kernel::QEmbed`]) written
+/// out for weights of type `ty`.
+pub(crate) fn format_variant(kernel: Kernel, ty: GgmlType) -> ShaderVariant {
+    ShaderVariant {
+        ggml_format: Some(ty.id() as u8),
+        ..ShaderVariant::new(kernel, Precision::F32)
+    }
+}
+
+/// Every shader the host composes for a block-format kernel, for the naga tests: one per
+/// supported type, and for the row kernel each type with 4 and with 8 bound windows.
+pub fn format_variants(kernel: Kernel) -> Vec<ShaderVariant> {
+    let windows: &[usize] = if kernel == Kernel::QMatmulRows {
+        &[4, 8]
+    } else {
+        &[1]
+    };
+    crate::decoder::blocks::SUPPORTED
+        .iter()
+        .flat_map(|&ty| windows.iter().map(move |&w| row_variant(kernel, ty, w)))
+        .collect()
 }
 
 /// Most windows of `W` one dispatch of the row kernel binds (its `WINDOWS`; bindings `w`,
@@ -788,7 +806,8 @@ pub fn prepare_qmatmul_mapped(
                     QMatmulMapping::Rows => row_constants(w.ty, rows, windows),
                     _ => constants.clone(),
                 };
-                let key = PipelineKey::new(row_variant(mapping.kernel(), windows), &constants);
+                let key =
+                    PipelineKey::new(row_variant(mapping.kernel(), w.ty, windows), &constants);
                 let p = ctx.pipeline(&key)?;
                 pipelines[windows] = Some(std::sync::Arc::clone(&p));
                 p
