@@ -20,10 +20,11 @@
 @group(0) @binding(1) var<uniform> x: array<vec4<f32>, X_VEC4>;
 @group(0) @binding(2) var<uniform> w: array<vec4<u32>, X_VEC4>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-// Windows 1 to 3, or 1 to 7 (those past WINDOWS: the dispatch's last window again, never
-// read), and ggml_word reading word i of window `win` through them: written here by the host
-// for the variant's 4 or 8 windows (src/shader.rs, window_source). With params and x, 8 bound
-// windows make 10 uniform bindings: within WebGPU's default of 12 a stage.
+// Windows 1 to 3, 1 to 7 or 1 to 11 (those past WINDOWS: the dispatch's last window again,
+// never read), and ggml_word reading word i of window `win` through them: written here by the
+// host for the variant's 4, 8 or 12 windows (src/shader.rs, window_source). With params and x,
+// 8 bound windows make 10 uniform bindings, within WebGPU's default of 12 a stage; 12 make 14,
+// bound only where the device allows them (lavapipe and llvmpipe allow 15).
 // @window-bindings
 
 // vec4s of the x window: 64 KiB, the smallest maxUniformBufferBindingSize WebGPU allows.
@@ -68,14 +69,14 @@ fn x_row_dot(w: Rows4, xo: u32, t: u32, acc: vec4<f32>) -> vec4<f32> {
 // ROWS_T rows of x. The accumulators are indexed by literals only (registers on lavapipe).
 override ROWS_T: u32 = 1u;
 
-// Windows of W per dispatch (1 to 8; more than 1 only for one row of x, ROWS_T = 1): each
+// Windows of W per dispatch (1 to 12; more than 1 only for one row of x, ROWS_T = 1): each
 // invocation owns 4 rows in each, taken four windows at a time (a quad: windows 0 .. 3, then
-// 4 .. 7), each x value loaded once per quad for its 4 rows of each window.
+// 4 .. 7, then 8 .. 11), each x value loaded once per quad for its 4 rows of each window.
 override WINDOWS: u32 = 1u;
 
 // The partials of lane l (chunks l, l + LANES, ...) of the 4 rows of W from o0: for rows t ..
 // t + ROWS_T - 1 of x (a0 .. a3) in window 0, or with WINDOWS > 1 for x row t in windows
-// first .. first + 3 (a0 .. a3; first = 0 or 4, a literal at each call).
+// first .. first + 3 (a0 .. a3; first = 0, 4 or 8, a literal at each call).
 struct Partials {
     a0: vec4<f32>,
     a1: vec4<f32>,
@@ -192,8 +193,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let sum = quad_sums(o0, chunks, t, 0u);
         if WINDOWS > 1u {
             quad_store(t, o0, 0u, sum);
-            // The 8-window variant's second quad (windows 4 .. 7, WINDOWS > 4):
-            // @second-quad
+            // The 8- and 12-window variants' later quads (windows 4 .. 7, and 8 .. 11):
+            // @later-quads
             continue;
         }
         window_store4(0u, t, o0, sum.a0);

@@ -167,13 +167,14 @@ pub fn representative_constants(variant: &ShaderVariant) -> Vec<Constants> {
             .into_iter()
             .filter(|set| crate::attention::paged::shape_of_constants(set) == shape)
             .collect(),
-        // The row kernel's variants take the window counts they serve (4 or fewer, or more).
+        // The row kernel's variants take the window counts they serve (those their whole
+        // quads of 4 hold: 1 to 4, 5 to 8, 9 to 12).
         (None, None) if variant.kernel == Kernel::QMatmulRows => {
             kernel_constants(variant.kernel, variant.precision)
                 .into_iter()
                 .filter(|set| {
-                    let windows = constant(set, "WINDOWS").unwrap_or(1.0);
-                    (windows > 4.0) == (variant.weight_windows > 4)
+                    let windows = constant(set, "WINDOWS").unwrap_or(1.0) as u8;
+                    windows.max(1).div_ceil(4) == variant.weight_windows.max(1).div_ceil(4)
                 })
                 .collect()
         }

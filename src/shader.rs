@@ -459,18 +459,19 @@ pub fn pool_bindings(slots: u32, words: bool) -> String {
 /// windows' declarations and their reader `ggml_word`.
 pub const WINDOW_BINDINGS_MARK: &str = "// @window-bindings";
 
-/// The line of `shaders/qmatmul_rows.wgsl` that [`window_source`] replaces with the second
-/// quad of windows (windows 4 to 7) where the variant binds 8.
-pub const SECOND_QUAD_MARK: &str = "// @second-quad";
+/// The line of `shaders/qmatmul_rows.wgsl` that [`window_source`] replaces with the quads of
+/// windows after the first (windows 4 to 7, and 8 to 11) where the variant binds them.
+pub const LATER_QUADS_MARK: &str = "// @later-quads";
 
 /// The row kernel of the block-format product written out for `windows` bound windows of the
-/// weight (4 or 8; 0 reads as 4): bindings `w` (2) and `w1` .. (4 ..), `ggml_word` reading word
-/// `i` of window `win` through a `switch` over them, and with 8 the second quad's sums. Each
-/// count is its own source because a CPU adapter's compiler copies every case of the switch
-/// into every read before it folds `win` to a constant: compiling the 8-window form for a
-/// dispatch of 4 or fewer windows took 2 to 3 times as long on lavapipe.
+/// weight (4, 8 or 12: a whole number of quads of 4; 0 reads as 4): bindings `w` (2) and `w1`
+/// .. (4 ..), `ggml_word` reading word `i` of window `win` through a `switch` over them, and
+/// the later quads' sums. Each count is its own source because a CPU adapter's compiler copies
+/// every case of the switch into every read before it folds `win` to a constant: compiling the
+/// 8-window form for a dispatch of 4 or fewer windows took 2 to 3 times as long on lavapipe.
 pub fn window_source(body: &str, windows: u8) -> String {
-    let windows = if windows > 4 { 8 } else { 4 };
+    let quads = windows.div_ceil(4).clamp(1, 3);
+    let windows = 4 * quads;
     let mut decl = String::new();
     let mut cases = String::new();
     for j in 1..windows {
@@ -487,13 +488,16 @@ pub fn window_source(body: &str, windows: u8) -> String {
          switch win {{\n{cases}        default: {{\n            return w[at / 4u][at % 4u];\n        \
          }}\n    }}\n}}\n"
     );
-    let second = if windows > 4 {
-        "            quad_store(t, o0, 4u, quad_sums(o0, chunks, t, 4u));\n"
-    } else {
-        ""
-    };
+    let later: String = (1..quads)
+        .map(|q| {
+            format!(
+                "            quad_store(t, o0, {f}u, quad_sums(o0, chunks, t, {f}u));\n",
+                f = 4 * q
+            )
+        })
+        .collect();
     body.replace(WINDOW_BINDINGS_MARK, &(decl + &reader))
-        .replace(SECOND_QUAD_MARK, second)
+        .replace(LATER_QUADS_MARK, &later)
 }
 
 /// One composable shader: a kernel in a precision, with portable or subgroup reductions.
@@ -519,7 +523,7 @@ pub struct ShaderVariant {
     /// ([`Kernel::Paged`] only; [`pool_bindings`] writes their declarations).
     pub pool_slots: u8,
     /// Windows of the weight the row kernel of the block-format product binds: 4 (also for
-    /// 0) or 8 ([`Kernel::QMatmulRows`] only; [`window_source`] writes them).
+    /// 0), 8 or 12 ([`Kernel::QMatmulRows`] only; [`window_source`] writes them).
     pub weight_windows: u8,
     /// The ggml type (its id) the block-format kernels ([`Kernel::QMatmul`],
     /// [`Kernel::QMatmulRows`], [`Kernel::QMatmulTiled`], [`Kernel::QEmbed`]) are written out
@@ -567,7 +571,7 @@ impl ShaderVariant {
             .or_else(|| self.unroll.map(|u| format!("[{}]", u.name())))
             .unwrap_or_default();
         let pools = match (self.pool_slots, self.weight_windows) {
-            (_, 5..) => "+windows8".to_string(),
+            (_, w @ 5..) => format!("+windows{}", 4 * w.div_ceil(4)),
             (0 | 1, _) => String::new(),
             (n, _) => format!("+pools{n}"),
         };
@@ -733,7 +737,7 @@ mod tests {
     }
 
     #[test]
-    fn the_row_kernel_is_written_out_for_4_or_8_windows() {
+    fn the_row_kernel_is_written_out_for_4_8_or_12_windows() {
         let body = Kernel::QMatmulRows.body();
         let four = window_source(body, 4);
         assert!(four.contains("@binding(6) var<uniform> w3"));
@@ -744,8 +748,16 @@ mod tests {
         assert!(eight.contains("@binding(10) var<uniform> w7"));
         assert!(eight.contains("return w7[at / 4u][at % 4u];"));
         assert!(eight.contains("quad_sums(o0, chunks, t, 4u)"));
-        for src in [&four, &eight] {
-            assert!(!src.contains(WINDOW_BINDINGS_MARK) && !src.contains(SECOND_QUAD_MARK));
+        assert!(!eight.contains("w8") && !eight.contains("quad_sums(o0, chunks, t, 8u)"));
+        assert_eq!(eight, window_source(body, 5));
+        let twelve = window_source(body, 12);
+        assert!(twelve.contains("@binding(14) var<uniform> w11"));
+        assert!(twelve.contains("return w11[at / 4u][at % 4u];"));
+        assert!(twelve.contains("quad_sums(o0, chunks, t, 4u)"));
+        assert!(twelve.contains("quad_sums(o0, chunks, t, 8u)"));
+        assert!(!twelve.contains("w12"));
+        for src in [&four, &eight, &twelve] {
+            assert!(!src.contains(WINDOW_BINDINGS_MARK) && !src.contains(LATER_QUADS_MARK));
         }
     }
 

@@ -32,9 +32,9 @@ struct QMatmulParams {
     // The row kernel's windows of W (window j: component j % 4 of element j / 4; zeros for
     // the other kernels): the first weight word inside window j's binding, its rows, and the
     // column of y its row 0 writes.
-    win_w_base: array<vec4<u32>, 2>,
-    win_n: array<vec4<u32>, 2>,
-    win_n_base: array<vec4<u32>, 2>,
+    win_w_base: array<vec4<u32>, 3>,
+    win_n: array<vec4<u32>, 3>,
+    win_n_base: array<vec4<u32>, 3>,
 }
 
 // Partials per output (lanes of a row of W).

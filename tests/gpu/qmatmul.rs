@@ -261,9 +261,11 @@ fn every_block_type_matches_the_cpu_reference_on_odd_shapes() {
     );
 }
 
-/// One row of x over short weight rows (one block each) and a weight of 8 windows: the row
-/// kernel binds up to 8 windows of W a dispatch (two quads of 4, the last window shorter),
-/// each invocation owning 4 rows in each; the kernels agree bit for bit and match the CPU.
+/// One row of x over short weight rows (one block each) and weights of 8 and of 12 windows: the
+/// row kernel binds up to 12 windows of W a dispatch where the device allows 14 uniform
+/// bindings (lavapipe and llvmpipe; 8 within WebGPU's defaults), in quads of 4 (the last
+/// window shorter), each invocation owning 4 rows in each; the kernels agree bit for bit and
+/// match the CPU.
 #[test]
 fn one_row_over_short_weight_rows_matches_in_every_kernel() {
     let ctx = gpu();
@@ -276,14 +278,17 @@ fn one_row_over_short_weight_rows_matches_in_every_kernel() {
         GgmlType::F16,
     ] {
         let k = (ty.block_size() as usize).max(32);
-        // Over 7 windows' worth of rows: 8 windows (on 2 threads, whole_groups), one dispatch.
-        let n = 7 * window_rows(ty, k) + 5;
-        let w = random_weight(&mut rng, ty, n, k);
-        let weight = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
-        let x = rng.normals(2 * k, 1.0);
-        let y = run(ctx, &weight, &x, (1, 1, 0, 2));
-        let want = reference(ty, (n, k), &w, &x[k..], 1);
-        check(&format!("{ty} n {n} k {k} rows 1"), &y, &want, (n, 0, 1));
+        // Over 7 (11) windows' worth of rows: 8 (12) windows on 2 threads (whole_groups), one
+        // dispatch each where max_windows allows them.
+        for full in [7, 11] {
+            let n = full * window_rows(ty, k) + 5;
+            let w = random_weight(&mut rng, ty, n, k);
+            let weight = QWeight::upload(ctx, "w", ty, (n, k), &w).unwrap();
+            let x = rng.normals(2 * k, 1.0);
+            let y = run(ctx, &weight, &x, (1, 1, 0, 2));
+            let want = reference(ty, (n, k), &w, &x[k..], 1);
+            check(&format!("{ty} n {n} k {k} rows 1"), &y, &want, (n, 0, 1));
+        }
     }
 }
 

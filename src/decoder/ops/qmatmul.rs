@@ -18,10 +18,9 @@
 //!   decoded chunk applied to every row of `x`; the partials meet in workgroup memory. For
 //!   decode on GPUs and for any product the others do not take.
 //! - the row kernel ([`qmatmul_rows`](super::qmatmul_rows)): an invocation owns 4 rows of `W`
-//!   (in each of up to 8 windows of `W` a dispatch binds) and computes their partials itself,
-//!   each decoded chunk applied to up to 4 rows of `x`, `x` and `W` read through uniform
-//!   windows. For CPU adapters, whose storage loads and
-//!   barriers are costly; `x` must come from [`input_buffer`] (the decoder's activations do)
+//!   (in each of up to 12 windows of `W` a dispatch binds, [`max_windows`]) and computes their
+//!   partials itself, each decoded chunk applied to up to 4 rows of `x`, `x` and `W` read
+//!   through uniform windows. For CPU adapters, whose storage loads and barriers are costly; `x` must come from [`input_buffer`] (the decoder's activations do)
 //!   and `W` be a weight of 64 KiB or more ([`QWeight::has_windows`]).
 //! - the tiled kernel ([`qmatmul_tiled`](super::qmatmul_tiled)): tiles of 16 rows of `x` by 16
 //!   rows of `W` staged in workgroup memory. For products of [`TILED_MIN_ROWS`] rows or more
@@ -85,11 +84,11 @@ crate::wgsl_struct! {
         pub accumulate: u32,
         /// Row kernel: the first weight word inside the binding of window `j` (element `j`;
         /// zeros for the other kernels).
-        pub win_w_base: [u32; 8],
+        pub win_w_base: [u32; 12],
         /// Row kernel: the rows of `W` window `j` holds.
-        pub win_n: [u32; 8],
+        pub win_n: [u32; 12],
         /// Row kernel: the column of y row 0 of window `j` writes.
-        pub win_n_base: [u32; 8],
+        pub win_n_base: [u32; 12],
     }
 }
 
@@ -370,14 +369,11 @@ fn row_constants(ty: GgmlType, rows: usize, windows: usize) -> Vec<(&'static str
     c
 }
 
-/// Windows of `W` the row kernel's variant for a dispatch of `windows` binds: 4, or 8 past 4
-/// (each count its own source, [`crate::shader::window_source`]).
-fn bound_windows(windows: usize) -> u8 {
-    if windows > 4 {
-        8
-    } else {
-        4
-    }
+/// Windows of `W` the row kernel's variant for a dispatch of `windows` binds: the whole quads
+/// of 4 that hold them (4, 8 or 12; each count its own source,
+/// [`crate::shader::window_source`]).
+pub fn bound_windows(windows: usize) -> u8 {
+    (4 * windows.clamp(1, MAX_WINDOWS).div_ceil(4)) as u8
 }
 
 /// The shader of `kernel` for weights of type `ty` (written out for the type,
@@ -404,10 +400,10 @@ pub(crate) fn format_variant(kernel: Kernel, ty: GgmlType) -> ShaderVariant {
 }
 
 /// Every shader the host composes for a block-format kernel, for the naga tests: one per
-/// supported type, and for the row kernel each type with 4 and with 8 bound windows.
+/// supported type, and for the row kernel each type with 4, 8 and 12 bound windows.
 pub fn format_variants(kernel: Kernel) -> Vec<ShaderVariant> {
     let windows: &[usize] = if kernel == Kernel::QMatmulRows {
-        &[4, 8]
+        &[4, 8, 12]
     } else {
         &[1]
     };
@@ -418,14 +414,22 @@ pub fn format_variants(kernel: Kernel) -> Vec<ShaderVariant> {
 }
 
 /// Most windows of `W` one dispatch of the row kernel binds (its `WINDOWS`; bindings `w`,
-/// `w1` .. `w7` of its 8-window variant): with its uniform and `x`'s window, 10 uniform
-/// bindings, within WebGPU's default limit of 12 a stage. A CPU adapter pays tens of
+/// `w1` .. `w11` of its 12-window variant): with its uniform and `x`'s window, 14 uniform
+/// bindings, where the device allows that many ([`max_windows`]). A CPU adapter pays tens of
 /// microseconds a dispatch (lavapipe wakes its threads and waits for them; about 50 us on a
 /// 2-core machine), so the fewer dispatches the better.
-pub const MAX_WINDOWS: usize = 8;
+pub const MAX_WINDOWS: usize = 12;
+
+/// Most windows of `W` one dispatch binds on the context's device: whole quads of 4 within its
+/// uniform bindings a stage, less the kernel's uniform and `x`'s window (8 with WebGPU's
+/// default of 12; 12 on lavapipe and llvmpipe, which allow 15), at most [`MAX_WINDOWS`].
+pub fn max_windows(ctx: &Context) -> usize {
+    let uniforms = ctx.caps().max_uniform_buffers_per_shader_stage as usize;
+    (uniforms.saturating_sub(2) / 4 * 4).clamp(4, MAX_WINDOWS)
+}
 
 /// Override constants of the row kernel for the naga tests: every type, one row of x with 1
-/// to 8 windows per dispatch, and four rows of x per decoded weight.
+/// to [`MAX_WINDOWS`] windows per dispatch, and four rows of x per decoded weight.
 pub fn row_representative_constants() -> Vec<Vec<(&'static str, f64)>> {
     crate::decoder::blocks::SUPPORTED
         .iter()
@@ -437,10 +441,10 @@ pub fn row_representative_constants() -> Vec<Vec<(&'static str, f64)>> {
         .collect()
 }
 
-/// `windows` windows of `W` shared by as few dispatches of at most [`MAX_WINDOWS`] as hold
-/// them, as evenly as they go (5 as 3 and 2): the windows of each dispatch, in order.
-fn window_batches(windows: usize) -> Vec<std::ops::Range<usize>> {
-    let batches = windows.div_ceil(MAX_WINDOWS);
+/// `windows` windows of `W` shared by as few dispatches of at most `most` as hold them, as
+/// evenly as they go (5 as 3 and 2): the windows of each dispatch, in order.
+fn window_batches(windows: usize, most: usize) -> Vec<std::ops::Range<usize>> {
+    let batches = windows.div_ceil(most.max(1));
     let mut out = Vec::with_capacity(batches);
     let mut start = 0;
     for b in 0..batches {
@@ -755,10 +759,10 @@ pub fn prepare_qmatmul_mapped(
             _ => XBinding::Storage(bind(ctx, first as u64, (nt * k) as u64)?),
         };
         let ys = bind(ctx, ((y_row + t0) * n) as u64, (nt * n) as u64)?;
-        // The row kernel takes up to MAX_WINDOWS windows of W a dispatch for one row of x
+        // The row kernel takes up to max_windows windows of W a dispatch for one row of x
         // (each window's rows and bits as alone); every other case one part or window each.
         let batches = if mapping == QMatmulMapping::Rows && rows == 1 {
-            window_batches(w_slices.len())
+            window_batches(w_slices.len(), max_windows(ctx))
         } else {
             (0..w_slices.len()).map(|i| i..i + 1).collect()
         };
@@ -825,8 +829,8 @@ pub fn prepare_qmatmul_mapped(
             ys.resource(y),
         ];
         if mapping == QMatmulMapping::Rows {
-            // Windows 1 .. 3 or 1 .. 7 of the variant (past the dispatch's windows, its last
-            // again: never read).
+            // Windows 1 .. 3, 1 .. 7 or 1 .. 11 of the variant (past the dispatch's windows,
+            // its last again: never read).
             let bound = usize::from(bound_windows(windows));
             resources.extend((1..bound).map(w_resource));
         }
@@ -920,23 +924,40 @@ mod tests {
 
     #[test]
     fn windows_are_shared_evenly_by_the_fewest_dispatches() {
-        let lens = |n| {
-            window_batches(n)
+        let lens = |n, most| {
+            window_batches(n, most)
                 .into_iter()
                 .map(|r| r.len())
                 .collect::<Vec<_>>()
         };
-        assert_eq!(lens(1), [1]);
-        assert_eq!(lens(8), [8]);
-        // attn_q of SmolLM2 (5 windows), ffn_down (9), ffn_gate (12), the output (768).
-        assert_eq!(lens(5), [5]);
-        assert_eq!(lens(9), [5, 4]);
-        assert_eq!(lens(12), [6, 6]);
-        assert_eq!(lens(17), [6, 6, 5]);
-        assert_eq!(lens(768), [8; 96]);
+        assert_eq!(lens(1, 8), [1]);
+        assert_eq!(lens(8, 8), [8]);
+        // attn_q of SmolLM2 (5 windows), ffn_down (9), ffn_gate (12), the output (768), with
+        // 8 windows a dispatch (WebGPU's default limits) and 12 (lavapipe's).
+        assert_eq!(lens(5, 8), [5]);
+        assert_eq!(lens(9, 8), [5, 4]);
+        assert_eq!(lens(12, 8), [6, 6]);
+        assert_eq!(lens(17, 8), [6, 6, 5]);
+        assert_eq!(lens(768, 8), [8; 96]);
+        assert_eq!(lens(9, 12), [9]);
+        assert_eq!(lens(12, 12), [12]);
+        assert_eq!(lens(17, 12), [9, 8]);
+        assert_eq!(lens(768, 12), [12; 64]);
         // In order, each window once.
-        let all: Vec<usize> = window_batches(11).into_iter().flatten().collect();
-        assert_eq!(all, (0..11).collect::<Vec<_>>());
+        for most in [4, 8, 12] {
+            let all: Vec<usize> = window_batches(11, most).into_iter().flatten().collect();
+            assert_eq!(all, (0..11).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn a_dispatch_binds_the_whole_quads_its_windows_need() {
+        assert_eq!(bound_windows(1), 4);
+        assert_eq!(bound_windows(4), 4);
+        assert_eq!(bound_windows(5), 8);
+        assert_eq!(bound_windows(8), 8);
+        assert_eq!(bound_windows(9), 12);
+        assert_eq!(bound_windows(12), 12);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The row kernel of the block-format product (`shaders/qmatmul_rows.wgsl`), for CPU
-//! adapters: an invocation owns 4 rows of `W` (in each of the up to 8 windows of `W` a
+//! adapters: an invocation owns 4 rows of `W` (in each of the up to 12 windows of `W` a
 //! dispatch binds for one row of `x`) and computes their 16 partials itself, each decoded chunk
 //! applied to up to 4 rows of `x`, with the bits of the lane kernel
 //! ([`super::qmatmul`]). It reads `x` and `W` through uniform bindings of [`X_WINDOW_BYTES`]
