@@ -26,6 +26,15 @@
 @group(0) @binding(2) var<storage, read> w: array<u32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
+// The output, for lib/qmatmul_dot.wgsl's stores.
+fn y_get(i: u32) -> f32 {
+    return y[i];
+}
+
+fn y_set(i: u32, v: f32) {
+    y[i] = v;
+}
+
 fn ggml_word(i: u32) -> u32 {
     return w[i];
 }

@@ -20,6 +20,10 @@
 @group(0) @binding(1) var<uniform> x: array<vec4<f32>, X_VEC4>;
 @group(0) @binding(2) var<uniform> w: array<vec4<u32>, X_VEC4>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+// Outputs 1 and 2 of a grouped product (several weights of one row of x, each window writing
+// the output params.win_dst names: src/decoder/ops/qmatmul_group.rs); y again otherwise.
+@group(0) @binding(4) var<storage, read_write> y1: array<f32>;
+@group(0) @binding(5) var<storage, read_write> y2: array<f32>;
 // Windows 1 to 3, 1 to 7 or 1 to 11 (those past WINDOWS: the dispatch's last window again,
 // never read), and ggml_word reading word i of window `win` through them: written here by the
 // host for the variant's 4, 8 or 12 windows (src/shader.rs, window_source). With params and x,
@@ -48,8 +52,41 @@ fn window_rows4(j: u32, ch: Chunks4, p: u32) -> Rows4 {
     return rows4(ch, p);
 }
 
-// Writes the outputs of x row t for rows o0 .. o0 + 3 of window j, where they exist.
+// The output window_store4 writes: set before each store, as `win` before each read.
+var<private> dst: u32;
+
+fn y_get(i: u32) -> f32 {
+    switch dst {
+        case 1u: {
+            return y1[i];
+        }
+        case 2u: {
+            return y2[i];
+        }
+        default: {
+            return y[i];
+        }
+    }
+}
+
+fn y_set(i: u32, v: f32) {
+    switch dst {
+        case 1u: {
+            y1[i] = v;
+        }
+        case 2u: {
+            y2[i] = v;
+        }
+        default: {
+            y[i] = v;
+        }
+    }
+}
+
+// Writes the outputs of x row t for rows o0 .. o0 + 3 of window j, where they exist, into the
+// window's output.
 fn window_store4(j: u32, t: u32, o0: u32, v: vec4<f32>) {
+    dst = params.win_dst[j / 4u][j % 4u];
     store4_in(t, o0, params.win_n[j / 4u][j % 4u], params.win_n_base[j / 4u][j % 4u], v);
 }
 

@@ -465,7 +465,7 @@ pub const LATER_QUADS_MARK: &str = "// @later-quads";
 
 /// The row kernel of the block-format product written out for `windows` bound windows of the
 /// weight (4, 8 or 12: a whole number of quads of 4; 0 reads as 4): bindings `w` (2) and `w1`
-/// .. (4 ..), `ggml_word` reading word `i` of window `win` through a `switch` over them, and
+/// .. (6 ..; 3 to 5 are the outputs), `ggml_word` reading word `i` of window `win` through a `switch` over them, and
 /// the later quads' sums. Each count is its own source because a CPU adapter's compiler copies
 /// every case of the switch into every read before it folds `win` to a constant: compiling the
 /// 8-window form for a dispatch of 4 or fewer windows took 2 to 3 times as long on lavapipe.
@@ -477,7 +477,7 @@ pub fn window_source(body: &str, windows: u8) -> String {
     for j in 1..windows {
         decl.push_str(&format!(
             "@group(0) @binding({}) var<uniform> w{j}: array<vec4<u32>, X_VEC4>;\n",
-            3 + j
+            5 + j
         ));
         cases.push_str(&format!(
             "        case {j}u: {{\n            return w{j}[at / 4u][at % 4u];\n        }}\n"
@@ -740,18 +740,18 @@ mod tests {
     fn the_row_kernel_is_written_out_for_4_8_or_12_windows() {
         let body = Kernel::QMatmulRows.body();
         let four = window_source(body, 4);
-        assert!(four.contains("@binding(6) var<uniform> w3"));
+        assert!(four.contains("@binding(8) var<uniform> w3"));
         assert!(!four.contains("w4"));
         assert!(!four.contains("quad_sums(o0, chunks, t, 4u)"));
         assert_eq!(four, window_source(body, 0));
         let eight = window_source(body, 8);
-        assert!(eight.contains("@binding(10) var<uniform> w7"));
+        assert!(eight.contains("@binding(12) var<uniform> w7"));
         assert!(eight.contains("return w7[at / 4u][at % 4u];"));
         assert!(eight.contains("quad_sums(o0, chunks, t, 4u)"));
         assert!(!eight.contains("w8") && !eight.contains("quad_sums(o0, chunks, t, 8u)"));
         assert_eq!(eight, window_source(body, 5));
         let twelve = window_source(body, 12);
-        assert!(twelve.contains("@binding(14) var<uniform> w11"));
+        assert!(twelve.contains("@binding(16) var<uniform> w11"));
         assert!(twelve.contains("return w11[at / 4u][at % 4u];"));
         assert!(twelve.contains("quad_sums(o0, chunks, t, 4u)"));
         assert!(twelve.contains("quad_sums(o0, chunks, t, 8u)"));

@@ -2,8 +2,9 @@
 // qmatmul_rows.wgsl, qmatmul_tiled.wgsl; host side src/decoder/ops/qmatmul.rs): the uniform,
 // the decoding of four rows of W at once, and their dot product with eight x values.
 //
-// Needs ggml_blocks.wgsl. The including kernel MUST declare `params: QMatmulParams` and the
-// output `y: array<f32>` (storage, read_write).
+// Needs ggml_blocks.wgsl. The including kernel MUST declare `params: QMatmulParams` and
+// define `fn y_get(i: u32) -> f32` and `fn y_set(i: u32, v: f32)`, value i of its output (the
+// row kernel's outputs are several buffers).
 //
 // Every kernel sums in the one order the CPU reference has (reference::qmatmul): partial l of
 // LANES takes the chunks c with c % LANES == l in increasing order and adds w * x over each
@@ -35,6 +36,8 @@ struct QMatmulParams {
     win_w_base: array<vec4<u32>, 3>,
     win_n: array<vec4<u32>, 3>,
     win_n_base: array<vec4<u32>, 3>,
+    // The row kernel's output of window j: 0 (y), 1 (y1) or 2 (y2).
+    win_dst: array<vec4<u32>, 3>,
 }
 
 // Partials per output (lanes of a row of W).
@@ -118,9 +121,9 @@ fn store4_in(t: u32, o0: u32, n: u32, n_base: u32, v: vec4<f32>) {
         if o0 + r < n {
             let i = base + o0 + r;
             if params.accumulate != 0u {
-                y[i] = y[i] + v[r];
+                y_set(i, y_get(i) + v[r]);
             } else {
-                y[i] = v[r];
+                y_set(i, v[r]);
             }
         }
     }

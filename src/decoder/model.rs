@@ -425,9 +425,9 @@ fn whole(buffer: &wgpu::Buffer) -> wgpu::BufferBinding<'_> {
 #[derive(Debug)]
 struct LayerStep {
     attn_norm: PreparedOp,
-    q: Product,
-    k: Product,
-    v: Product,
+    /// The Q, K and V products: one grouped product where the row kernel takes them together
+    /// (a decode step of one row on a CPU adapter, `GpuMatrix::prepare_group`), else three.
+    qkv: Vec<Product>,
     /// The Q, K and V biases' adds (those the layer has), after the three products.
     qkv_bias: Vec<PreparedOp>,
     o: Product,
@@ -916,9 +916,9 @@ impl Decoder {
         step.embed.encode(pass);
         for (layer, ops) in step.layers.iter().enumerate() {
             ops.attn_norm.encode(pass);
-            ops.q.encode(pass);
-            ops.k.encode(pass);
-            ops.v.encode(pass);
+            for product in &ops.qkv {
+                product.encode(pass);
+            }
             for bias in &ops.qkv_bias {
                 bias.encode(pass);
             }
@@ -1005,6 +1005,19 @@ impl Decoder {
             Ok(counted(m.prepare_added(ctx, input, t, &s.x, &s.proj)?))
         };
         let all = (0, t, 0);
+        // One row: Q, K and V in one grouped product where the row kernel takes them.
+        let qkv = |q: &GpuMatrix, k: &GpuMatrix, v: &GpuMatrix| -> Result<Vec<Product>> {
+            let outputs = [(q, &s.q), (k, &s.k), (v, &s.v)];
+            if t == 1 {
+                if let Some(p) = GpuMatrix::prepare_group(ctx, &s.h, 0, &outputs)? {
+                    return Ok(vec![counted(p)]);
+                }
+            }
+            outputs
+                .into_iter()
+                .map(|(m, y)| product(m, &s.h, all, y))
+                .collect()
+        };
         let norm = |weight, out| RmsNormArgs {
             rows: t,
             dim: d,
@@ -1034,9 +1047,7 @@ impl Decoder {
             }
             layers.push(LayerStep {
                 attn_norm: prepare_rms_norm(ctx, &norm(&w.attn_norm, &s.h))?,
-                q: product(m(LayerMatrix::Q), &s.h, all, &s.q)?,
-                k: product(m(LayerMatrix::K), &s.h, all, &s.k)?,
-                v: product(m(LayerMatrix::V), &s.h, all, &s.v)?,
+                qkv: qkv(m(LayerMatrix::Q), m(LayerMatrix::K), m(LayerMatrix::V))?,
                 qkv_bias,
                 o: added(m(LayerMatrix::O), &s.attn)?,
                 ffn_norm: prepare_rms_norm(ctx, &norm(&w.ffn_norm, &s.h))?,

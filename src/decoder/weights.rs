@@ -14,6 +14,7 @@ use super::gguf::GgmlType;
 use super::model::{DecoderConfig, HostWeights};
 use super::ops::qembed::{prepare_qembed, QEmbedArgs};
 use super::ops::qmatmul::{prepare_qmatmul, QMatmulArgs, QWeight};
+use super::ops::qmatmul_group::{can_group, prepare_qmatmul_group, GroupOutput};
 use super::ops::PreparedOp;
 use crate::decoder::ops::add::{prepare_add, AddArgs};
 use crate::decoder::ops::embed::{prepare_embed, EmbedArgs};
@@ -305,6 +306,40 @@ impl GpuMatrix {
                 })
             }
         }
+    }
+
+    /// `y_d[0 .. n_d] = W_d x[x_row]` for each `(W_d, y_d)` of `outputs`: one row of `x` and
+    /// every matrix in its block format, prepared as one grouped product where the row kernel
+    /// takes them together ([`can_group`](super::ops::qmatmul_group::can_group): a CPU adapter, one type and row length, at most
+    /// three). `None` otherwise: prepare each alone. Each output has the bits of its own
+    /// product either way.
+    pub fn prepare_group(
+        ctx: &Context,
+        x: &wgpu::Buffer,
+        x_row: usize,
+        outputs: &[(&Self, &wgpu::Buffer)],
+    ) -> Result<Option<Product>> {
+        let group: Option<Vec<GroupOutput>> = outputs
+            .iter()
+            .map(|&(m, y)| match m {
+                Self::Blocks(w) => Some(GroupOutput { w, y }),
+                Self::Dense { .. } => None,
+            })
+            .collect();
+        let Some(group) = group.filter(|g| can_group(ctx, x, x_row, g)) else {
+            return Ok(None);
+        };
+        let flops = group
+            .iter()
+            .map(|o| {
+                let (n, k) = o.w.shape();
+                2 * (n * k) as u64
+            })
+            .sum();
+        Ok(Some(Product::Blocks {
+            op: prepare_qmatmul_group(ctx, x, x_row, &group)?,
+            flops,
+        }))
     }
 
     /// The gather `out[t] = W[tokens[t]]` for `t < n_tokens` (the embedding), prepared.

@@ -49,6 +49,15 @@ fn config() -> DecoderConfig {
 }
 
 fn block_model(c: &DecoderConfig, seed: u64) -> BlockModel {
+    block_model_of(c, seed, type_of)
+}
+
+/// A model whose matrix `which` of layer `layer` has type `type_of(layer, which)`.
+fn block_model_of(
+    c: &DecoderConfig,
+    seed: u64,
+    type_of: fn(usize, LayerMatrix) -> GgmlType,
+) -> BlockModel {
     let mut rng = Rng::new(seed);
     let mut blocks = |ty: GgmlType, (n, k): (usize, usize)| -> (Blocks, Vec<f32>) {
         let bytes = random_weight(&mut rng, ty, n, k);
@@ -190,6 +199,46 @@ fn block_weights_keep_decode_prefill_and_batch_bits() {
     let m = block_model(&c, 43);
     let model = Decoder::upload_from(ctx, c, &m, Precision::F32, |_, _| {}).unwrap();
     // Decode steps (one-row products) against a recomputing prefill (products of 21 rows).
+    assert_decode_prefill_and_batch_bits(&model, &c, &tokens(21, c.vocab, 6), 9);
+}
+
+/// Q, K and V of one type, each at least one window of the row kernel (64 KiB): on a CPU
+/// adapter a decode step takes them in one grouped product (`qmatmul_group`) and a prefill in
+/// three; the decode steps and the prefill still give the same bits.
+#[test]
+fn grouped_qkv_products_keep_decode_prefill_and_batch_bits() {
+    use kvattn::decoder::ops::qmatmul::{input_buffer, QWeight};
+    use kvattn::decoder::ops::qmatmul_group::{can_group, GroupOutput};
+    let ctx = gpu();
+    let c = DecoderConfig {
+        d_model: 512,
+        head_dim: 64,
+        ..config()
+    };
+    let m = block_model_of(&c, 47, |_, which| match which {
+        LayerMatrix::Q | LayerMatrix::K | LayerMatrix::V => GgmlType::Q8_0,
+        _ => GgmlType::Q4_0,
+    });
+    // The layer's Q, K and V are what the row kernel groups, on CPU adapters.
+    let x = input_buffer(ctx, "x", &vec![0.0; c.d_model]).unwrap();
+    let ws: Vec<QWeight> = [LayerMatrix::Q, LayerMatrix::K, LayerMatrix::V]
+        .into_iter()
+        .map(|which| {
+            let (ty, bytes) = &m.layers[0][which.index()];
+            QWeight::upload(ctx, "w", *ty, which.shape(&c), bytes).unwrap()
+        })
+        .collect();
+    let ys: Vec<wgpu::Buffer> = ws
+        .iter()
+        .map(|w| ctx.filled("y", w.shape().0, 0.0f32).unwrap())
+        .collect();
+    let outputs: Vec<GroupOutput> = ws
+        .iter()
+        .zip(&ys)
+        .map(|(w, y)| GroupOutput { w, y })
+        .collect();
+    assert_eq!(can_group(ctx, &x, 0, &outputs), ctx.caps().cpu_adapter);
+    let model = Decoder::upload_from(ctx, c, &m, Precision::F32, |_, _| {}).unwrap();
     assert_decode_prefill_and_batch_bits(&model, &c, &tokens(21, c.vocab, 6), 9);
 }
 

@@ -32,6 +32,7 @@ mod paged_attention;
 mod plan_lifetime;
 #[cfg(feature = "decoder")]
 mod qmatmul;
+mod qmatmul_group;
 mod rope;
 #[cfg(feature = "serve")]
 mod serve;

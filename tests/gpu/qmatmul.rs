@@ -66,7 +66,7 @@ pub(crate) fn random_weight(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> 
 
 /// Rows of W making at least 64 KiB on the GPU (so that the row kernel reads it on a CPU
 /// adapter) with rows of `k` values of `ty`: an odd count.
-fn window_rows(ty: GgmlType, k: usize) -> usize {
+pub(crate) fn window_rows(ty: GgmlType, k: usize) -> usize {
     let row = ty.bytes_for(k as u64).unwrap() as usize;
     (65536 / row + 2) | 1
 }

@@ -8,7 +8,8 @@
 //!   [`add::prepare_bias_add`]: `x[r] += b` on every row (Qwen2's Q/K/V biases);
 //! - [`embed::embed`]: the token-embedding gather, with [`embed::embed_host_check`] for ids;
 //! - [`qmatmul::qmatmul`]: the matrix product over weights in their GGUF block format, and
-//!   [`qembed::qembed`] the gather from such a table.
+//!   [`qembed::qembed`] the gather from such a table; [`qmatmul_group::prepare_qmatmul_group`]
+//!   several such products of one row in one dispatch (CPU adapters; prepared form only).
 //!
 //! Each kernel is one `.rs` here and one `.wgsl` of the same name in `shaders/`; its CPU
 //! reference is in [`crate::reference::ops`]. Every entry point checks all of its arguments
@@ -38,6 +39,7 @@ pub mod add;
 pub mod embed;
 pub mod qembed;
 pub mod qmatmul;
+pub mod qmatmul_group;
 pub mod qmatmul_rows;
 pub mod qmatmul_tiled;
 pub mod rms_norm;

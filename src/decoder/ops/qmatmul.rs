@@ -89,6 +89,9 @@ crate::wgsl_struct! {
         pub win_n: [u32; 12],
         /// Row kernel: the column of y row 0 of window `j` writes.
         pub win_n_base: [u32; 12],
+        /// Row kernel: the output window `j` writes (0: `y`, 1 and 2: a grouped product's
+        /// second and third, [`super::qmatmul_group`]).
+        pub win_dst: [u32; 12],
     }
 }
 
@@ -291,6 +294,11 @@ impl QWeight {
         self.parts.len()
     }
 
+    /// The buffer of part `i`.
+    pub(super) fn part_buffer(&self, i: usize) -> &wgpu::Buffer {
+        &self.parts[i].0
+    }
+
     /// The parts: (buffer, first row, rows).
     pub(crate) fn parts(&self) -> impl Iterator<Item = (&wgpu::Buffer, usize, usize)> {
         self.parts.iter().map(|(b, r0, n)| (b, *r0, *n))
@@ -362,7 +370,7 @@ pub fn representative_constants() -> Vec<Vec<(&'static str, f64)>> {
 
 /// The row kernel's constants: the format's, the rows of x per decoded weight (1, 2 or 4) and
 /// the windows of `W` per dispatch (1 to [`MAX_WINDOWS`]; more than 1 only for one row of x).
-fn row_constants(ty: GgmlType, rows: usize, windows: usize) -> Vec<(&'static str, f64)> {
+pub(super) fn row_constants(ty: GgmlType, rows: usize, windows: usize) -> Vec<(&'static str, f64)> {
     let mut c = format_constants(ty);
     c.push(("ROWS_T", rows.clamp(1, 4).next_power_of_two().min(4) as f64));
     c.push(("WINDOWS", windows as f64));
@@ -378,7 +386,7 @@ pub fn bound_windows(windows: usize) -> u8 {
 
 /// The shader of `kernel` for weights of type `ty` (written out for the type,
 /// [`ShaderVariant::ggml_format`]) and, for the row kernel, a dispatch of `windows` windows.
-fn row_variant(kernel: Kernel, ty: GgmlType, windows: usize) -> ShaderVariant {
+pub(super) fn row_variant(kernel: Kernel, ty: GgmlType, windows: usize) -> ShaderVariant {
     let base = format_variant(kernel, ty);
     if kernel == Kernel::QMatmulRows {
         ShaderVariant {
@@ -443,7 +451,7 @@ pub fn row_representative_constants() -> Vec<Vec<(&'static str, f64)>> {
 
 /// `windows` windows of `W` shared by as few dispatches of at most `most` as hold them, as
 /// evenly as they go (5 as 3 and 2): the windows of each dispatch, in order.
-fn window_batches(windows: usize, most: usize) -> Vec<std::ops::Range<usize>> {
+pub(super) fn window_batches(windows: usize, most: usize) -> Vec<std::ops::Range<usize>> {
     let batches = windows.div_ceil(most.max(1));
     let mut out = Vec::with_capacity(batches);
     let mut start = 0;
@@ -552,16 +560,16 @@ impl XBinding {
 /// The rows of `W` one dispatch binds: part `part`, whole or from a uniform window at `window`
 /// (bytes), its first word `base` words into the binding; rows `r0 .. r0 + nr` of `W`.
 #[derive(Debug, Clone, Copy)]
-struct WSlice {
-    part: usize,
+pub(super) struct WSlice {
+    pub(super) part: usize,
     window: Option<u64>,
-    base: u32,
-    r0: usize,
-    nr: usize,
+    pub(super) base: u32,
+    pub(super) r0: usize,
+    pub(super) nr: usize,
 }
 
 impl WSlice {
-    fn resource(self, buffer: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
+    pub(super) fn resource(self, buffer: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
         match self.window {
             None => buffer.as_entire_binding(),
             Some(offset) => window_resource(buffer, offset),
@@ -571,7 +579,7 @@ impl WSlice {
 
 /// `w` cut into uniform windows of whole rows for the row kernel; `None` when it was not
 /// uploaded for them (UNIFORM usage, a window's room after each part) or a row does not fit.
-fn weight_windows(ctx: &Context, w: &QWeight) -> Option<Vec<WSlice>> {
+pub(super) fn weight_windows(ctx: &Context, w: &QWeight) -> Option<Vec<WSlice>> {
     let row_words = row_words(w.ty, w.k)? as u64;
     let align = u64::from(ctx.device.limits().min_uniform_buffer_offset_alignment).max(4);
     let window_words = X_WINDOW_BYTES / 4;
@@ -610,7 +618,7 @@ fn weight_windows(ctx: &Context, w: &QWeight) -> Option<Vec<WSlice>> {
 }
 
 /// Rows of `W` a workgroup of the row kernel owns in each window (4 per invocation).
-const GROUP_ROWS: usize = ROW_WG * W_ROWS;
+pub(super) const GROUP_ROWS: usize = ROW_WG * W_ROWS;
 
 /// Rows of `W` one window of the row kernel takes when `fit` fit: whole workgroups of `group`
 /// rows, as many as a multiple of the CPU adapter's threads where that many fit. A CPU adapter
@@ -829,8 +837,10 @@ pub fn prepare_qmatmul_mapped(
             ys.resource(y),
         ];
         if mapping == QMatmulMapping::Rows {
-            // Windows 1 .. 3, 1 .. 7 or 1 .. 11 of the variant (past the dispatch's windows,
-            // its last again: never read).
+            // Outputs 1 and 2 (y again: every window writes y), then windows 1 .. 3, 1 .. 7
+            // or 1 .. 11 of the variant (past the dispatch's windows, its last again: never
+            // read).
+            resources.extend([ys.resource(y), ys.resource(y)]);
             let bound = usize::from(bound_windows(windows));
             resources.extend((1..bound).map(w_resource));
         }
