@@ -310,7 +310,7 @@ impl GpuMatrix {
 
     /// `y_d[0 .. n_d] = W_d x[x_row]` for each `(W_d, y_d)` of `outputs`: one row of `x` and
     /// every matrix in its block format, prepared as one grouped product where the row kernel
-    /// takes them together ([`can_group`](super::ops::qmatmul_group::can_group): a CPU adapter, one type and row length, at most
+    /// takes them together ([`can_group`]: a CPU adapter, one type and row length, at most
     /// three). `None` otherwise: prepare each alone. Each output has the bits of its own
     /// product either way.
     pub fn prepare_group(

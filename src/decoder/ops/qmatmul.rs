@@ -20,8 +20,10 @@
 //! - the row kernel ([`qmatmul_rows`](super::qmatmul_rows)): an invocation owns 4 rows of `W`
 //!   (in each of up to 12 windows of `W` a dispatch binds, [`max_windows`]) and computes their
 //!   partials itself, each decoded chunk applied to up to 4 rows of `x`, `x` and `W` read
-//!   through uniform windows. For CPU adapters, whose storage loads and barriers are costly; `x` must come from [`input_buffer`] (the decoder's activations do)
-//!   and `W` be a weight of 64 KiB or more ([`QWeight::has_windows`]).
+//!   through uniform windows. For CPU adapters, whose storage loads and barriers are costly;
+//!   `x` must come from [`input_buffer`] (the decoder's activations do) and `W` be a weight of
+//!   64 KiB or more ([`QWeight::has_windows`]). Up to three weights of one type can share its
+//!   dispatches for one row of `x` ([`qmatmul_group`](super::qmatmul_group)).
 //! - the tiled kernel ([`qmatmul_tiled`](super::qmatmul_tiled)): tiles of 16 rows of `x` by 16
 //!   rows of `W` staged in workgroup memory. For products of [`TILED_MIN_ROWS`] rows or more
 //!   (prefill chunks) on GPUs.
@@ -380,7 +382,7 @@ pub(super) fn row_constants(ty: GgmlType, rows: usize, windows: usize) -> Vec<(&
 /// Windows of `W` the row kernel's variant for a dispatch of `windows` binds: the whole quads
 /// of 4 that hold them (4, 8 or 12; each count its own source,
 /// [`crate::shader::window_source`]).
-pub fn bound_windows(windows: usize) -> u8 {
+pub(super) fn bound_windows(windows: usize) -> u8 {
     (4 * windows.clamp(1, MAX_WINDOWS).div_ceil(4)) as u8
 }
 
