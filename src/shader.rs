@@ -465,8 +465,8 @@ pub const LATER_QUADS_MARK: &str = "// @later-quads";
 
 /// The row kernel of the block-format product written out for `windows` bound windows of the
 /// weight (4, 8 or 12: a whole number of quads of 4; 0 reads as 4): bindings `w` (2) and `w1`
-/// .. (6 ..; 3 to 5 are the outputs), `ggml_word` reading word `i` of window `win` through a `switch` over them, and
-/// the later quads' sums. Each count is its own source because a CPU adapter's compiler copies
+/// .. (6 ..; 3 to 5 are the outputs), `ggml_word` reading word `i` of window `win` through a
+/// `switch` over them, and the later quads' sums. Each count is its own source because a CPU adapter's compiler copies
 /// every case of the switch into every read before it folds `win` to a constant: compiling the
 /// 8-window form for a dispatch of 4 or fewer windows took 2 to 3 times as long on lavapipe.
 pub fn window_source(body: &str, windows: u8) -> String {
