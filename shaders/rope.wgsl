@@ -1,7 +1,10 @@
 // rope: rotary position embedding of [rows, head_dim] f32 vectors (row = token * num_heads +
 // head), token t at position positions[t], written out of place into `out`.
 //
-// One invocation per (row, pair slot j < head_dim / 2). For j < rotary_dim / 2 it rotates pair j
+// One invocation per (row, pair slot j < head_dim / 2), over the dispatch's first tensor (x
+// into out) and then its second (x_b into out_b, num_rows_b rows of num_heads_b heads; none in
+// a dispatch of one tensor): a decoder rotates its queries and keys, whose positions, head
+// size and frequencies agree, in one dispatch (src/rope.rs, Rope::prepare_pair). For j < rotary_dim / 2 it rotates pair j
 // (NeoX: elements j and j + rotary_dim / 2; GPT-J: 2j and 2j + 1); for j >= rotary_dim / 2 it
 // copies elements 2j and 2j + 1 (the partial-rotary tail), so every element is written once.
 //
@@ -24,8 +27,9 @@ struct RopeParams {
     style: u32,
     // Invocations along x of the dispatch grid (64 * workgroups in x).
     stride_x: u32,
-    _pad0: u32,
-    _pad1: u32,
+    // Rows and heads per token of the second tensor (0 rows: none).
+    num_rows_b: u32,
+    num_heads_b: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: RopeParams;
@@ -35,6 +39,27 @@ struct RopeParams {
 // Per pair: (low word, high word) of the 64-bit fixed-point turns per token.
 @group(0) @binding(3) var<storage, read> turns: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+// The second tensor's input and output (x and out again in a dispatch of one tensor).
+@group(0) @binding(5) var<storage, read> x_b: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out_b: array<f32>;
+
+// Whether this invocation rotates the second tensor: set once, before any read or write.
+var<private> second: bool;
+
+fn x_get(i: u32) -> f32 {
+    if second {
+        return x_b[i];
+    }
+    return x[i];
+}
+
+fn out_set(i: u32, v: f32) {
+    if second {
+        out_b[i] = v;
+    } else {
+        out[i] = v;
+    }
+}
 
 // 2 pi / 2^32 and 2 pi / 2^64: radians per unit of the high and of the low word.
 const RAD_PER_HI_UNIT: f32 = 6.283185307179586 / 4294967296.0;
@@ -83,17 +108,24 @@ fn sin_cos_turns(position: u32, f: vec2<u32>) -> vec2<f32> {
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.y * params.stride_x + gid.x;
-    if i >= params.num_rows * params.half_dim {
-        return;
+    var i = gid.y * params.stride_x + gid.x;
+    var heads = params.num_heads;
+    let first = params.num_rows * params.half_dim;
+    if i >= first {
+        i -= first;
+        if i >= params.num_rows_b * params.half_dim {
+            return;
+        }
+        second = true;
+        heads = params.num_heads_b;
     }
     let row = i / params.half_dim;
     let j = i % params.half_dim;
     let base = row * 2u * params.half_dim;
     if j >= params.half_rot {
         // Partial-rotary tail: elements 2j and 2j + 1, copied.
-        out[base + 2u * j] = x[base + 2u * j];
-        out[base + 2u * j + 1u] = x[base + 2u * j + 1u];
+        out_set(base + 2u * j, x_get(base + 2u * j));
+        out_set(base + 2u * j + 1u, x_get(base + 2u * j + 1u));
         return;
     }
     var a = base + 2u * j;
@@ -102,9 +134,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         a = base + j;
         b = a + params.half_rot;
     }
-    let sc = sin_cos_turns(positions[row / params.num_heads], turns[j]);
-    let xa = x[a];
-    let xb = x[b];
-    out[a] = xa * sc.y - xb * sc.x;
-    out[b] = xa * sc.x + xb * sc.y;
+    let sc = sin_cos_turns(positions[row / heads], turns[j]);
+    let xa = x_get(a);
+    let xb = x_get(b);
+    out_set(a, xa * sc.y - xb * sc.x);
+    out_set(b, xa * sc.x + xb * sc.y);
 }

@@ -6,6 +6,8 @@
 //! The kernel writes out of place: it reads `x` and writes every element of the first
 //! `n_tokens * num_heads * head_dim` of `out` (the partial-rotary tail is copied), so `x` and
 //! `out` must be different buffers. Bytes of `out` past that range are never touched.
+//! [`Rope::prepare_pair`] rotates two tensors of the same tokens (a decoder's queries and keys)
+//! in one dispatch, with the bits of two.
 //!
 //! # Accuracy
 //!
@@ -45,10 +47,10 @@ crate::wgsl_struct! {
         pub style: u32,
         /// Invocations along x of the dispatch grid.
         pub stride_x: u32,
-        /// Padding to 16 bytes.
-        pub _pad0: u32,
-        /// Padding to 16 bytes.
-        pub _pad1: u32,
+        /// Rows of the dispatch's second tensor (0: none; [`Rope::prepare_pair`]).
+        pub num_rows_b: u32,
+        /// Heads per token of the second tensor.
+        pub num_heads_b: u32,
     }
 }
 
@@ -142,6 +144,8 @@ fn tokens_per_chunk(ctx: &Context, n_tokens: usize, token_bytes: u64) -> Result<
 #[derive(Debug)]
 pub struct RopeTables {
     cfg: RopeConfig,
+    /// The table's words (host copy): two tables rotate in one dispatch only when these agree.
+    words: Vec<u32>,
     turns: wgpu::Buffer,
 }
 
@@ -165,6 +169,7 @@ impl RopeTables {
         Ok(Self {
             cfg: *cfg,
             turns: ctx.upload("rope turns", &turns)?,
+            words: turns,
         })
     }
 
@@ -219,6 +224,73 @@ impl PreparedRope {
     }
 }
 
+/// One tensor of a dispatch: its rows, heads and chunk bindings.
+struct Part<'a> {
+    rows: usize,
+    heads: usize,
+    x: wgpu::BindingResource<'a>,
+    out: wgpu::BindingResource<'a>,
+}
+
+/// What [`check_args`] found: the configuration and the bytes of one token.
+struct Checked<'t> {
+    cfg: &'t RopeConfig,
+    token_bytes: u64,
+}
+
+/// Everything [`Rope::prepare`] checks of `args`, before anything is made.
+fn check_args<'t>(ctx: &Context, args: &RopeArgs<'t>) -> Result<Checked<'t>> {
+    let cfg = &args.tables.cfg;
+    let elems = cfg.elems(args.tokens)?;
+    let bytes = elems as u64 * 4;
+    let (x, out) = (&args.x, &args.out);
+    check_bound(ctx, "rope input x", x, bytes)?;
+    check_bound(ctx, "rope output out", out, bytes)?;
+    if x.buffer == out.buffer {
+        return Err(Error::InvalidArgument(
+            "rope writes out of place: x and out must be different buffers".into(),
+        ));
+    }
+    check_storage("rope positions", args.positions, args.tokens)?;
+    Ok(Checked {
+        cfg,
+        token_bytes: cfg.token_elems()? as u64 * 4,
+    })
+}
+
+/// `binding`'s bytes `offset .. offset + bytes` as a binding resource.
+fn sub_binding<'a>(
+    binding: &wgpu::BufferBinding<'a>,
+    offset: u64,
+    bytes: u64,
+) -> Result<wgpu::BindingResource<'a>> {
+    let size = NonZeroU64::new(bytes)
+        .ok_or_else(|| Error::InvalidArgument("rope: an empty chunk".into()))?;
+    Ok(wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+        buffer: binding.buffer,
+        offset: binding.offset + offset,
+        size: Some(size),
+    }))
+}
+
+/// Whether `a` and `b` can rotate in one dispatch and give the bits of two: the same tokens,
+/// positions, head size, style and turns, each within one storage binding, and no output that
+/// the other tensor reads or writes (one dispatch has no order between them).
+fn pairable(ctx: &Context, a: &RopeArgs<'_>, b: &RopeArgs<'_>, token_bytes: [u64; 2]) -> bool {
+    let (ca, cb) = (&a.tables.cfg, &b.tables.cfg);
+    let fits =
+        |bytes: u64| matches!(tokens_per_chunk(ctx, a.tokens, bytes), Ok(n) if n == a.tokens);
+    a.tokens == b.tokens
+        && a.positions == b.positions
+        && (ca.style, ca.head_dim, ca.rotary_dim) == (cb.style, cb.head_dim, cb.rotary_dim)
+        && a.tables.words == b.tables.words
+        && fits(token_bytes[0])
+        && fits(token_bytes[1])
+        && a.out.buffer != b.out.buffer
+        && a.out.buffer != b.x.buffer
+        && b.out.buffer != a.x.buffer
+}
+
 impl Rope {
     /// Checks `args` and makes the rotation's uniforms and bind groups (inputs larger than one
     /// storage binding are processed in chunks of whole tokens).
@@ -230,88 +302,128 @@ impl Rope {
     /// `min_storage_buffer_offset_alignment`; [`Error::TooLarge`] when one token exceeds the
     /// storage binding limit; [`Error::Wgpu`] or [`Error::Shader`] from wgpu.
     pub fn prepare<'a>(ctx: &Context, args: &RopeArgs<'a>) -> Result<PreparedRope> {
-        let cfg = &args.tables.cfg;
-        let elems = cfg.elems(args.tokens)?;
-        let bytes = elems as u64 * 4;
-        let (x, out) = (&args.x, &args.out);
-        check_bound(ctx, "rope input x", x, bytes)?;
-        check_bound(ctx, "rope output out", out, bytes)?;
-        if x.buffer == out.buffer {
-            return Err(Error::InvalidArgument(
-                "rope writes out of place: x and out must be different buffers".into(),
-            ));
-        }
-        check_storage("rope positions", args.positions, args.tokens)?;
+        let checked = check_args(ctx, args)?;
         if args.tokens == 0 {
             return Ok(PreparedRope {
                 dispatches: Vec::new(),
             });
         }
-        let token_bytes = cfg.token_elems()? as u64 * 4;
+        let token_bytes = checked.token_bytes;
         let per = tokens_per_chunk(ctx, args.tokens, token_bytes)?;
-        let key = PipelineKey::new(ShaderVariant::new(Kernel::Rope, Precision::F32), &[]);
-        let pipeline = ctx.pipeline(&key)?;
-        let max_groups = ctx.caps().max_compute_workgroups_per_dimension;
         let mut dispatches = Vec::new();
         let mut t0 = 0;
         while t0 < args.tokens {
             let n = per.min(args.tokens - t0);
-            let rows = n * cfg.num_heads;
-            let invocations = rows as u64 * (cfg.head_dim / 2) as u64;
-            let groups = invocations.div_ceil(u64::from(WG));
-            let gx = groups.min(u64::from(max_groups)) as u32;
-            let gy = groups.div_ceil(u64::from(gx));
-            if gy > u64::from(max_groups) {
-                return Err(Error::InvalidArgument(format!(
-                    "rope: {groups} workgroups exceed the adapter's {max_groups} x {max_groups} \
-                     grid"
-                )));
-            }
-            let params = RopeParams {
-                num_rows: rows as u32,
-                num_heads: cfg.num_heads as u32,
-                half_dim: (cfg.head_dim / 2) as u32,
-                half_rot: (cfg.rotary_dim / 2) as u32,
-                style: match cfg.style {
-                    RopeStyle::NeoX => 0,
-                    RopeStyle::GptJ => 1,
-                },
-                stride_x: gx * WG,
-                ..Default::default()
+            let (offset, bytes) = (t0 as u64 * token_bytes, n as u64 * token_bytes);
+            let part = Part {
+                rows: n * checked.cfg.num_heads,
+                heads: checked.cfg.num_heads,
+                x: sub_binding(&args.x, offset, bytes)?,
+                out: sub_binding(&args.out, offset, bytes)?,
             };
-            let uniform = ctx.uniform("rope params", &params)?;
-            let offset = t0 as u64 * token_bytes;
-            let chunk = NonZeroU64::new(n as u64 * token_bytes)
-                .ok_or_else(|| Error::InvalidArgument("rope: an empty chunk".into()))?;
-            let part = |b: &wgpu::BufferBinding<'a>| {
-                wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: b.buffer,
-                    offset: b.offset + offset,
-                    size: Some(chunk),
-                })
-            };
-            let positions = NonZeroU64::new(n as u64 * 4)
-                .ok_or_else(|| Error::InvalidArgument("rope: an empty chunk".into()))?;
-            dispatches.push(ctx.prepare_dispatch(
-                "rope",
-                &pipeline,
-                &[
-                    uniform.as_entire_binding(),
-                    part(x),
-                    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: args.positions,
-                        offset: t0 as u64 * 4,
-                        size: Some(positions),
-                    }),
-                    args.tables.turns.as_entire_binding(),
-                    part(out),
-                ],
-                [gx, gy as u32, 1],
-            )?);
+            dispatches.push(rope_dispatch(ctx, args, (t0, n), part, None)?);
             t0 += n;
         }
         Ok(PreparedRope { dispatches })
     }
+
+    /// Two rotations of the same tokens, `a` then `b` (a decoder's queries and keys), in one
+    /// dispatch where they can share one and give the same bits as two: the same positions
+    /// buffer, tokens, head size, style and turns table words, each tensor within one storage
+    /// binding, and neither's output bound by the other. Otherwise the dispatches of
+    /// [`Rope::prepare`] for `a` and then for `b`. Either way the results are bit-identical to
+    /// two prepared rotations.
+    ///
+    /// # Errors
+    /// [`Rope::prepare`]'s errors of `a` or of `b`, checked before anything is made.
+    pub fn prepare_pair<'a>(
+        ctx: &Context,
+        a: &RopeArgs<'a>,
+        b: &RopeArgs<'a>,
+    ) -> Result<PreparedRope> {
+        let (ca, cb) = (check_args(ctx, a)?, check_args(ctx, b)?);
+        if a.tokens == 0 || !pairable(ctx, a, b, [ca.token_bytes, cb.token_bytes]) {
+            let mut dispatches = Rope::prepare(ctx, a)?.dispatches;
+            dispatches.extend(Rope::prepare(ctx, b)?.dispatches);
+            return Ok(PreparedRope { dispatches });
+        }
+        let part = |args: &RopeArgs<'a>, c: &Checked<'_>| -> Result<Part<'a>> {
+            let bytes = args.tokens as u64 * c.token_bytes;
+            Ok(Part {
+                rows: args.tokens * c.cfg.num_heads,
+                heads: c.cfg.num_heads,
+                x: sub_binding(&args.x, 0, bytes)?,
+                out: sub_binding(&args.out, 0, bytes)?,
+            })
+        };
+        let (first, second) = (part(a, &ca)?, part(b, &cb)?);
+        Ok(PreparedRope {
+            dispatches: vec![rope_dispatch(ctx, a, (0, a.tokens), first, Some(second))?],
+        })
+    }
+}
+
+/// One dispatch over tokens `tokens.0 .. tokens.0 + tokens.1` of `args` (its tables and
+/// positions): `first`'s rows, then `second`'s where given.
+fn rope_dispatch<'a>(
+    ctx: &Context,
+    args: &RopeArgs<'a>,
+    tokens: (usize, usize),
+    first: Part<'a>,
+    second: Option<Part<'a>>,
+) -> Result<Dispatch> {
+    let cfg = &args.tables.cfg;
+    let key = PipelineKey::new(ShaderVariant::new(Kernel::Rope, Precision::F32), &[]);
+    let pipeline = ctx.pipeline(&key)?;
+    let max_groups = ctx.caps().max_compute_workgroups_per_dimension;
+    let rows_b = second.as_ref().map_or(0, |p| p.rows);
+    let invocations = (first.rows + rows_b) as u64 * (cfg.head_dim / 2) as u64;
+    let groups = invocations.div_ceil(u64::from(WG));
+    let gx = groups.min(u64::from(max_groups)) as u32;
+    let gy = groups.div_ceil(u64::from(gx));
+    if gy > u64::from(max_groups) {
+        return Err(Error::InvalidArgument(format!(
+            "rope: {groups} workgroups exceed the adapter's {max_groups} x {max_groups} grid"
+        )));
+    }
+    let params = RopeParams {
+        num_rows: first.rows as u32,
+        num_heads: first.heads as u32,
+        half_dim: (cfg.head_dim / 2) as u32,
+        half_rot: (cfg.rotary_dim / 2) as u32,
+        style: match cfg.style {
+            RopeStyle::NeoX => 0,
+            RopeStyle::GptJ => 1,
+        },
+        stride_x: gx * WG,
+        num_rows_b: rows_b as u32,
+        num_heads_b: second.as_ref().map_or(0, |p| p.heads as u32),
+    };
+    let uniform = ctx.uniform("rope params", &params)?;
+    let positions = sub_binding(
+        &args.positions.as_entire_buffer_binding(),
+        tokens.0 as u64 * 4,
+        tokens.1 as u64 * 4,
+    )?;
+    // A dispatch of one tensor binds its x and out again as the (unread) second.
+    let (x_b, out_b) = match second {
+        Some(p) => (p.x, p.out),
+        None => (first.x.clone(), first.out.clone()),
+    };
+    ctx.prepare_dispatch(
+        "rope",
+        &pipeline,
+        &[
+            uniform.as_entire_binding(),
+            first.x,
+            positions,
+            args.tables.turns.as_entire_binding(),
+            first.out,
+            x_b,
+            out_b,
+        ],
+        [gx, gy as u32, 1],
+    )
 }
 
 /// Checks that `binding` lies inside its buffer at an aligned offset, has `STORAGE` usage and

@@ -445,8 +445,8 @@ struct LayerStep {
 struct Step {
     shape: StepShape,
     embed: PreparedOp,
-    rope_q: PreparedRope,
-    rope_k: PreparedRope,
+    /// The queries' and keys' rotations: one dispatch ([`Rope::prepare_pair`]).
+    rope: PreparedRope,
     swiglu: PreparedOp,
     layers: Vec<LayerStep>,
     final_norm: PreparedOp,
@@ -922,8 +922,7 @@ impl Decoder {
             for bias in &ops.qkv_bias {
                 bias.encode(pass);
             }
-            step.rope_q.encode(pass);
-            step.rope_k.encode(pass);
+            step.rope.encode(pass);
             let io = AppendIo {
                 cache,
                 layer,
@@ -1103,8 +1102,11 @@ impl Decoder {
         };
         Ok(Step {
             embed: self.embed.prepare_gather(ctx, &s.ids, t, &s.x)?,
-            rope_q: Rope::prepare(ctx, &rope(&self.rope_q, &s.q, &s.q_rot))?,
-            rope_k: Rope::prepare(ctx, &rope(&self.rope_k, &s.k, &s.k_rot))?,
+            rope: Rope::prepare_pair(
+                ctx,
+                &rope(&self.rope_q, &s.q, &s.q_rot),
+                &rope(&self.rope_k, &s.k, &s.k_rot),
+            )?,
             swiglu: prepare_swiglu(
                 ctx,
                 &SwigluArgs {

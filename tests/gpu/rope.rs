@@ -597,3 +597,212 @@ fn frequency_factors_scale_each_pair_as_the_reference_does() {
         }
     }
 }
+
+fn whole(b: &wgpu::Buffer) -> wgpu::BufferBinding<'_> {
+    b.as_entire_buffer_binding()
+}
+
+/// The rotation of `tokens` tokens of `x` into `out` (whole buffers) at `positions`.
+fn args_of<'a>(
+    tables: &'a RopeTables,
+    x: &'a wgpu::Buffer,
+    positions: &'a wgpu::Buffer,
+    tokens: usize,
+    out: &'a wgpu::Buffer,
+) -> RopeArgs<'a> {
+    RopeArgs {
+        tables,
+        x: whole(x),
+        positions,
+        tokens,
+        out: whole(out),
+    }
+}
+
+/// Runs `prepared` in one submission and reads back `out_q` and `out_k` (`nq` and `nk` values
+/// plus 16 past each).
+fn run_two(
+    ctx: &Context,
+    prepared: &kvattn::rope::PreparedRope,
+    outs: [(&wgpu::Buffer, usize); 2],
+) -> [Vec<f32>; 2] {
+    ctx.run_pass("rope pair", |pass| {
+        prepared.encode(pass);
+        Ok(())
+    })
+    .unwrap();
+    outs.map(|(b, n)| ctx.read_back(b, n + 16).unwrap())
+}
+
+/// `Rope::prepare_pair`: queries and keys of one step (different heads, the same positions,
+/// head size and turns) rotate in one dispatch with the bits of two prepared rotations and
+/// nothing written past either output; pairs that cannot share a dispatch (other turns, a
+/// tensor over one binding, an output the other reads) take one rotation after the other with
+/// the same bits; a bad second tensor is refused before anything is made.
+#[test]
+fn queries_and_keys_rotate_in_one_dispatch_with_the_bits_of_two() {
+    let ctx = own_context(Some(64 << 10));
+    let mut rng = Rng::new(67);
+    let cases = [
+        (RopeStyle::NeoX, 80, 32, [5, 2], 7usize),
+        (RopeStyle::GptJ, 64, 64, [9, 3], 1),
+        (RopeStyle::NeoX, 64, 64, [4, 4], 13),
+    ];
+    for (style, head_dim, rotary_dim, [hq, hk], tokens) in cases {
+        let cfg = |heads| RopeConfig {
+            rotary_dim,
+            ..RopeConfig::new(style, 10_000.0, head_dim, heads)
+        };
+        let (cq, ck) = (cfg(hq), cfg(hk));
+        let (nq, nk) = (tokens * hq * head_dim, tokens * hk * head_dim);
+        let (xq, xk) = (rng.normals(nq, 2.0), rng.normals(nk, 2.0));
+        let positions: Vec<u32> = (0..tokens as u32).map(|t| 40 * t + 3).collect();
+        let pos = ctx.upload("positions", &positions).unwrap();
+        let (tq, tk) = (
+            RopeTables::new(&ctx, &cq).unwrap(),
+            RopeTables::new(&ctx, &ck).unwrap(),
+        );
+        let inputs = [
+            ctx.upload("xq", &xq).unwrap(),
+            ctx.upload("xk", &xk).unwrap(),
+        ];
+        let fresh = |n: usize| ctx.filled("out", n + 16, kvattn::gpu::UNWRITTEN).unwrap();
+        let args = |tables, x, out, n: usize| RopeArgs {
+            out: wgpu::BufferBinding {
+                size: std::num::NonZeroU64::new((n * 4) as u64),
+                ..whole(out)
+            },
+            ..args_of(tables, x, &pos, tokens, out)
+        };
+        // Two prepared rotations: the bits to keep.
+        let (sq, sk) = (fresh(nq), fresh(nk));
+        let mut two = Rope::prepare(&ctx, &args(&tq, &inputs[0], &sq, nq))
+            .unwrap()
+            .dispatches()
+            .to_vec();
+        two.extend_from_slice(
+            Rope::prepare(&ctx, &args(&tk, &inputs[1], &sk, nk))
+                .unwrap()
+                .dispatches(),
+        );
+        ctx.run_pass("two rotations", |pass| {
+            two.iter().for_each(|d| d.encode(pass));
+            Ok(())
+        })
+        .unwrap();
+        let want = [
+            ctx.read_back::<f32>(&sq, nq).unwrap(),
+            ctx.read_back::<f32>(&sk, nk).unwrap(),
+        ];
+        check("two: q", &cq, &xq, &positions, &want[0]);
+        check("two: k", &ck, &xk, &positions, &want[1]);
+        // The pair: one dispatch, the same bits, the sentinel past each output.
+        let (pq, pk) = (fresh(nq), fresh(nk));
+        let pair = Rope::prepare_pair(
+            &ctx,
+            &args(&tq, &inputs[0], &pq, nq),
+            &args(&tk, &inputs[1], &pk, nk),
+        )
+        .unwrap();
+        assert_eq!(
+            pair.dispatches().len(),
+            1,
+            "{style:?} {head_dim}: one dispatch"
+        );
+        let got = run_two(&ctx, &pair, [(&pq, nq), (&pk, nk)]);
+        for (i, n) in [nq, nk].into_iter().enumerate() {
+            assert_eq!(bits(&got[i][..n]), bits(&want[i]), "pair: tensor {i}");
+            assert!(
+                got[i][n..].iter().all(|&v| kvattn::gpu::is_unwritten(v)),
+                "pair: wrote past tensor {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn rotations_that_cannot_share_a_dispatch_run_one_after_the_other() {
+    let ctx = own_context(Some(64 << 10));
+    let mut rng = Rng::new(71);
+    let (cq, ck) = (
+        RopeConfig::new(RopeStyle::NeoX, 10_000.0, 64, 4),
+        RopeConfig::new(RopeStyle::NeoX, 10_000.0, 64, 2),
+    );
+    let other_theta = RopeConfig::new(RopeStyle::NeoX, 500_000.0, 64, 2);
+    let positions: Vec<u32> = (0..300u32).map(|t| 7 * t + 1).collect();
+    let pos = ctx.upload("positions", &positions).unwrap();
+    let tables = [&cq, &ck, &other_theta].map(|c| RopeTables::new(&ctx, c).unwrap());
+    // 300 tokens of 4 heads (300 KiB) pass the capped 64 KiB binding: chunks.
+    let big = 300 * 4 * 64;
+    let xq = rng.normals(big, 2.0);
+    let xk = rng.normals(big / 2, 2.0);
+    let bq = ctx.upload("xq", &xq).unwrap();
+    let bk = ctx.upload("xk", &xk).unwrap();
+    let filled = |n| ctx.filled("out", n, kvattn::gpu::UNWRITTEN).unwrap();
+    type Case<'a> = (&'a str, usize, usize, usize);
+    // (what, tokens, k's table, dispatches at least)
+    let cases: [Case; 2] = [("other turns", 5, 2, 2), ("over one binding", 300, 1, 3)];
+    for (what, tokens, k, least) in cases {
+        let (oq, ok) = (filled(tokens * 4 * 64), filled(tokens * 2 * 64));
+        let pair = Rope::prepare_pair(
+            &ctx,
+            &args_of(&tables[0], &bq, &pos, tokens, &oq),
+            &args_of(&tables[k], &bk, &pos, tokens, &ok),
+        )
+        .unwrap();
+        assert!(
+            pair.dispatches().len() >= least,
+            "{what}: {} dispatches",
+            pair.dispatches().len()
+        );
+        ctx.run_pass(what, |pass| {
+            pair.encode(pass);
+            Ok(())
+        })
+        .unwrap();
+        let p = &positions[..tokens];
+        let got_q: Vec<f32> = ctx.read_back(&oq, tokens * 4 * 64).unwrap();
+        let got_k: Vec<f32> = ctx.read_back(&ok, tokens * 2 * 64).unwrap();
+        let kcfg = [&cq, &ck, &other_theta][k];
+        assert_eq!(
+            bits(&got_q),
+            bits(&rope_host(&ctx, &cq, &xq[..got_q.len()], p).unwrap())
+        );
+        assert_eq!(
+            bits(&got_k),
+            bits(&rope_host(&ctx, kcfg, &xk[..got_k.len()], p).unwrap())
+        );
+    }
+    // The keys read what the queries' rotation wrote: one after the other, as two would.
+    let tokens = 3;
+    let (mid, last) = (filled(tokens * 2 * 64), filled(tokens * 2 * 64));
+    let chained = Rope::prepare_pair(
+        &ctx,
+        &args_of(&tables[1], &bk, &pos, tokens, &mid),
+        &args_of(&tables[1], &mid, &pos, tokens, &last),
+    )
+    .unwrap();
+    assert_eq!(chained.dispatches().len(), 2, "an output the other reads");
+    ctx.run_pass("chained", |pass| {
+        chained.encode(pass);
+        Ok(())
+    })
+    .unwrap();
+    let p = &positions[..tokens];
+    let once = rope_host(&ctx, &ck, &xk[..tokens * 2 * 64], p).unwrap();
+    let twice = rope_host(&ctx, &ck, &once, p).unwrap();
+    let got: Vec<f32> = ctx.read_back(&last, tokens * 2 * 64).unwrap();
+    assert_eq!(bits(&got), bits(&twice), "chained");
+    // A bad second tensor: refused before anything is made.
+    let fine = filled(tokens * 4 * 64);
+    let before = ctx.counters();
+    let e = Rope::prepare_pair(
+        &ctx,
+        &args_of(&tables[0], &bq, &pos, tokens, &fine),
+        &args_of(&tables[1], &bk, &pos, tokens, &bk),
+    )
+    .expect_err("x is out");
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    let spent = ctx.counters().since(&before);
+    assert_eq!((spent.buffers_created, spent.bind_groups_created), (0, 0));
+}
