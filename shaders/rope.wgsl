@@ -4,9 +4,10 @@
 // One invocation per (row, pair slot j < head_dim / 2), over the dispatch's first tensor (x
 // into out) and then its second (x_b into out_b, num_rows_b rows of num_heads_b heads; none in
 // a dispatch of one tensor): a decoder rotates its queries and keys, whose positions, head
-// size and frequencies agree, in one dispatch (src/rope.rs, Rope::prepare_pair). For j < rotary_dim / 2 it rotates pair j
-// (NeoX: elements j and j + rotary_dim / 2; GPT-J: 2j and 2j + 1); for j >= rotary_dim / 2 it
-// copies elements 2j and 2j + 1 (the partial-rotary tail), so every element is written once.
+// size and frequencies agree, in one dispatch (src/rope.rs, Rope::prepare_pair). For
+// j < rotary_dim / 2 it rotates pair j (NeoX: elements j and j + rotary_dim / 2; GPT-J: 2j and
+// 2j + 1); for j >= rotary_dim / 2 it copies elements 2j and 2j + 1 (the partial-rotary tail),
+// so every element is written once.
 //
 // Accuracy does not depend on the adapter's sin/cos or on the size of the position. The host
 // gives, per pair, the rotation per token in turns as a 64-bit fixed-point fraction

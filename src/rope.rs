@@ -252,10 +252,12 @@ fn check_args<'t>(ctx: &Context, args: &RopeArgs<'t>) -> Result<Checked<'t>> {
         ));
     }
     check_storage("rope positions", args.positions, args.tokens)?;
-    Ok(Checked {
-        cfg,
-        token_bytes: cfg.token_elems()? as u64 * 4,
-    })
+    let token_bytes = cfg.token_elems()? as u64 * 4;
+    if args.tokens > 0 {
+        // A token too large for one binding, refused here rather than after a first dispatch.
+        tokens_per_chunk(ctx, args.tokens, token_bytes)?;
+    }
+    Ok(Checked { cfg, token_bytes })
 }
 
 /// `binding`'s bytes `offset .. offset + bytes` as a binding resource.

@@ -805,4 +805,19 @@ fn rotations_that_cannot_share_a_dispatch_run_one_after_the_other() {
     assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
     let spent = ctx.counters().since(&before);
     assert_eq!((spent.buffers_created, spent.bind_groups_created), (0, 0));
+    // A second tensor whose one token (300 heads of 64, 75 KiB) passes the 64 KiB binding:
+    // refused before the first tensor's dispatch is made.
+    let wide = RopeConfig::new(RopeStyle::NeoX, 10_000.0, 64, 300);
+    let wide_tables = RopeTables::new(&ctx, &wide).unwrap();
+    let (wide_x, wide_out) = (filled(300 * 64), filled(300 * 64));
+    let before_wide = ctx.counters();
+    let e = Rope::prepare_pair(
+        &ctx,
+        &args_of(&tables[0], &bq, &pos, 1, &fine),
+        &args_of(&wide_tables, &wide_x, &pos, 1, &wide_out),
+    )
+    .expect_err("a token over one binding");
+    assert!(matches!(e, Error::TooLarge { .. }), "{e:?}");
+    let spent = ctx.counters().since(&before_wide);
+    assert_eq!((spent.buffers_created, spent.bind_groups_created), (0, 0));
 }
