@@ -24,7 +24,7 @@
 use std::num::NonZeroU64;
 
 use crate::gpu::check_storage;
-use crate::gpu::dispatch::offset_alignment;
+use crate::gpu::dispatch::{offset_alignment, range};
 use crate::gpu::{Context, Dispatch, STORAGE};
 use crate::pipeline::PipelineKey;
 use crate::shader::{Kernel, Precision, ShaderVariant};
@@ -232,14 +232,21 @@ struct Part<'a> {
     out: wgpu::BindingResource<'a>,
 }
 
-/// What [`check_args`] found: the configuration and the bytes of one token.
-struct Checked<'t> {
-    cfg: &'t RopeConfig,
-    token_bytes: u64,
+/// Tokens `t0 .. t0 + n` of `args` (tokens of `token_bytes` bytes) as one tensor of a dispatch.
+fn part<'a>(args: &RopeArgs<'a>, t0: usize, n: usize, token_bytes: u64) -> Result<Part<'a>> {
+    let (offset, bytes) = (t0 as u64 * token_bytes, n as u64 * token_bytes);
+    let heads = args.tables.cfg.num_heads;
+    Ok(Part {
+        rows: n * heads,
+        heads,
+        x: sub_binding(&args.x, offset, bytes)?,
+        out: sub_binding(&args.out, offset, bytes)?,
+    })
 }
 
-/// Everything [`Rope::prepare`] checks of `args`, before anything is made.
-fn check_args<'t>(ctx: &Context, args: &RopeArgs<'t>) -> Result<Checked<'t>> {
+/// Everything [`Rope::prepare`] checks of `args`, before anything is made; the bytes of one
+/// token.
+fn check_args(ctx: &Context, args: &RopeArgs<'_>) -> Result<u64> {
     let cfg = &args.tables.cfg;
     let elems = cfg.elems(args.tokens)?;
     let bytes = elems as u64 * 4;
@@ -257,7 +264,7 @@ fn check_args<'t>(ctx: &Context, args: &RopeArgs<'t>) -> Result<Checked<'t>> {
         // A token too large for one binding, refused here rather than after a first dispatch.
         tokens_per_chunk(ctx, args.tokens, token_bytes)?;
     }
-    Ok(Checked { cfg, token_bytes })
+    Ok(token_bytes)
 }
 
 /// `binding`'s bytes `offset .. offset + bytes` as a binding resource.
@@ -268,11 +275,7 @@ fn sub_binding<'a>(
 ) -> Result<wgpu::BindingResource<'a>> {
     let size = NonZeroU64::new(bytes)
         .ok_or_else(|| Error::InvalidArgument("rope: an empty chunk".into()))?;
-    Ok(wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-        buffer: binding.buffer,
-        offset: binding.offset + offset,
-        size: Some(size),
-    }))
+    Ok(range(binding.buffer, binding.offset + offset, size))
 }
 
 /// Whether `a` and `b` can rotate in one dispatch and give the bits of two: the same tokens,
@@ -304,26 +307,19 @@ impl Rope {
     /// `min_storage_buffer_offset_alignment`; [`Error::TooLarge`] when one token exceeds the
     /// storage binding limit; [`Error::Wgpu`] or [`Error::Shader`] from wgpu.
     pub fn prepare<'a>(ctx: &Context, args: &RopeArgs<'a>) -> Result<PreparedRope> {
-        let checked = check_args(ctx, args)?;
+        let token_bytes = check_args(ctx, args)?;
         if args.tokens == 0 {
             return Ok(PreparedRope {
                 dispatches: Vec::new(),
             });
         }
-        let token_bytes = checked.token_bytes;
         let per = tokens_per_chunk(ctx, args.tokens, token_bytes)?;
         let mut dispatches = Vec::new();
         let mut t0 = 0;
         while t0 < args.tokens {
             let n = per.min(args.tokens - t0);
-            let (offset, bytes) = (t0 as u64 * token_bytes, n as u64 * token_bytes);
-            let part = Part {
-                rows: n * checked.cfg.num_heads,
-                heads: checked.cfg.num_heads,
-                x: sub_binding(&args.x, offset, bytes)?,
-                out: sub_binding(&args.out, offset, bytes)?,
-            };
-            dispatches.push(rope_dispatch(ctx, args, (t0, n), part, None)?);
+            let one = part(args, t0, n, token_bytes)?;
+            dispatches.push(rope_dispatch(ctx, args, (t0, n), one, None)?);
             t0 += n;
         }
         Ok(PreparedRope { dispatches })
@@ -343,22 +339,13 @@ impl Rope {
         a: &RopeArgs<'a>,
         b: &RopeArgs<'a>,
     ) -> Result<PreparedRope> {
-        let (ca, cb) = (check_args(ctx, a)?, check_args(ctx, b)?);
-        if a.tokens == 0 || !pairable(ctx, a, b, [ca.token_bytes, cb.token_bytes]) {
+        let (ta, tb) = (check_args(ctx, a)?, check_args(ctx, b)?);
+        if a.tokens == 0 || !pairable(ctx, a, b, [ta, tb]) {
             let mut dispatches = Rope::prepare(ctx, a)?.dispatches;
             dispatches.extend(Rope::prepare(ctx, b)?.dispatches);
             return Ok(PreparedRope { dispatches });
         }
-        let part = |args: &RopeArgs<'a>, c: &Checked<'_>| -> Result<Part<'a>> {
-            let bytes = args.tokens as u64 * c.token_bytes;
-            Ok(Part {
-                rows: args.tokens * c.cfg.num_heads,
-                heads: c.cfg.num_heads,
-                x: sub_binding(&args.x, 0, bytes)?,
-                out: sub_binding(&args.out, 0, bytes)?,
-            })
-        };
-        let (first, second) = (part(a, &ca)?, part(b, &cb)?);
+        let (first, second) = (part(a, 0, a.tokens, ta)?, part(b, 0, b.tokens, tb)?);
         Ok(PreparedRope {
             dispatches: vec![rope_dispatch(ctx, a, (0, a.tokens), first, Some(second))?],
         })
