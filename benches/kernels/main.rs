@@ -11,6 +11,8 @@ mod copy;
 mod decode;
 mod mla;
 mod prefill;
+#[cfg(feature = "decoder")]
+mod qmatmul;
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -78,6 +80,7 @@ pub fn bench_cases(c: &mut Criterion, family: &str, cases: &[Case]) {
     group.finish();
 }
 
+#[cfg(not(feature = "decoder"))]
 criterion_group!(
     benches,
     decode::benches,
@@ -85,5 +88,16 @@ criterion_group!(
     append_kv::benches,
     mla::benches,
     copy::benches
+);
+// The decoder's block-format products, with the `decoder` feature.
+#[cfg(feature = "decoder")]
+criterion_group!(
+    benches,
+    decode::benches,
+    prefill::benches,
+    append_kv::benches,
+    mla::benches,
+    copy::benches,
+    qmatmul::benches
 );
 criterion_main!(benches);
