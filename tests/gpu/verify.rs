@@ -10,7 +10,7 @@ use kvattn::verify::{
     VerifyReport,
 };
 
-use crate::common::own_context;
+use crate::common::{is_gl, own_context};
 
 /// The quick grid's f32 cases of these kernels.
 fn options(kernels: &[Kernel]) -> VerifyOptions {
@@ -264,9 +264,17 @@ fn cases_past_the_adapters_limits_are_skipped_with_the_reason_never_passed() {
     // Storage bindings of 4 KiB (a browser or GLES limit can be far below a native one): the
     // paged cases whose KV block does not fit one binding are unavailable, with the limit in
     // their note; the rest still pass (their pools split over many buffers). None fails, and
-    // none that needs more is counted as passed.
+    // none that needs more is counted as passed. On the second backend (GL) only the head dim
+    // 64 cases, decode and prefill in several formats and block sizes, some of which fit and
+    // some not: the same rules at a third of the grid's compiling and its pools' many
+    // dispatches, which make this the suite's slowest test on llvmpipe.
     let ctx = own_context(Some(4096));
-    let report = run_checked(&ctx, &options(&[Kernel::Paged]));
+    let mut options = options(&[Kernel::Paged]);
+    if is_gl(&ctx) {
+        options.name_contains = Some(" d64 ".into());
+    }
+    let report = run_checked(&ctx, &options);
+    assert!(report.passed > 0, "{report:#?}");
     assert!(!report.cases.is_empty());
     assert_eq!(report.failed, 0, "{report:#?}");
     assert!(report.unavailable > 0, "{report:#?}");
