@@ -80,17 +80,12 @@ pub fn bench_cases(c: &mut Criterion, family: &str, cases: &[Case]) {
     group.finish();
 }
 
-#[cfg(not(feature = "decoder"))]
-criterion_group!(
-    benches,
-    decode::benches,
-    prefill::benches,
-    append_kv::benches,
-    mla::benches,
-    copy::benches
-);
-// The decoder's block-format products, with the `decoder` feature.
-#[cfg(feature = "decoder")]
+/// The decoder's block-format products with the `decoder` feature; nothing without it.
+fn decoder_benches(_c: &mut Criterion) {
+    #[cfg(feature = "decoder")]
+    qmatmul::benches(_c);
+}
+
 criterion_group!(
     benches,
     decode::benches,
@@ -98,6 +93,6 @@ criterion_group!(
     append_kv::benches,
     mla::benches,
     copy::benches,
-    qmatmul::benches
+    decoder_benches
 );
 criterion_main!(benches);
