@@ -49,10 +49,14 @@ fn ggml_fifth8(bits: u32, b: u32) -> array<u32, 8> {
         u.z << 4u, u.w << 4u);
 }
 
-// scale * f32(code) + offset for eight codes (offset -0.0 adds nothing: exact products).
+// scale * (code + bias) + offset for eight codes (offset -0.0 adds nothing: exact products).
+// Each code + bias exactly, without an int-to-float conversion (kv_small_f32x4's way: codes are
+// below 2^8, biases small integers): the code in the mantissa of 2^23, less 2^23 - bias.
 fn ggml_scaled8(q: array<u32, 8>, bias: f32, scale: f32, offset: f32) -> Values8 {
-    let a = vec4<f32>(f32(q[0]), f32(q[1]), f32(q[2]), f32(q[3])) + vec4<f32>(bias);
-    let b = vec4<f32>(f32(q[4]), f32(q[5]), f32(q[6]), f32(q[7])) + vec4<f32>(bias);
+    let big = vec4<u32>(0x4b000000u);
+    let less = vec4<f32>(8388608.0 - bias);
+    let a = bitcast<vec4<f32>>(vec4<u32>(q[0], q[1], q[2], q[3]) | big) - less;
+    let b = bitcast<vec4<f32>>(vec4<u32>(q[4], q[5], q[6], q[7]) | big) - less;
     return Values8(a * scale + vec4<f32>(offset), b * scale + vec4<f32>(offset));
 }
 
