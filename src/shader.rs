@@ -515,7 +515,9 @@ pub struct ShaderVariant {
     /// The shape the workgroup attention kernel is written out for ([`Kernel::Paged`] only;
     /// `None` keeps its loops).
     pub unroll: Option<PagedShape>,
-    /// f16 values are converted with `unpack2x16float` ([`Kernel::Paged`] only; needs
+    /// f16 values are converted with `unpack2x16float` ([`Kernel::Paged`] and the
+    /// block-format kernels, [`Kernel::QMatmul`], [`Kernel::QMatmulRows`],
+    /// [`Kernel::QMatmulTiled`] and [`Kernel::QEmbed`]; needs
     /// [`wgpu::DownlevelFlags::SHADER_F16_IN_F32`] and a passed f16 check,
     /// [`Capabilities::f16_unpack_exact`](crate::gpu::Capabilities::f16_unpack_exact)).
     pub f16_convert: bool,
@@ -605,7 +607,7 @@ impl ShaderVariant {
                 _ => src.push_str(lib),
             }
         }
-        if self.kernel == Kernel::Paged {
+        if self.kernel == Kernel::Paged || self.kernel.libs().contains(&LIB_GGML_BLOCKS) {
             src.push('\n');
             src.push_str(if self.f16_convert {
                 LIB_HALF2_CONVERT

@@ -2,8 +2,9 @@
 // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), eight at a time, exactly as the CPU decodes
 // them (src/decoder/blocks/; the GPU layout and its padding: src/decoder/ops/qmatmul.rs).
 //
-// Needs kv_format.wgsl (kv_f16, kv_unpack_f16x2, kv_unpack_bf16x2). The including kernel MUST
-// define
+// Needs kv_format.wgsl (kv_unpack_bf16x2) and kv_half2 (half2_exact.wgsl, the exact integer
+// decoder, or half2_convert.wgsl, unpack2x16float where the context found it exact: the same
+// values either way). The including kernel MUST define
 //   fn ggml_word(i: u32) -> u32   word i of the weight (rows back to back, blocks back to back)
 // and sets the overrides below. A row is `chunks` chunks of 32 values; a chunk is a block of
 // 32, or one sub-block of a K-quant's 256. Every value is an exact product in f32 (at most 23
@@ -117,10 +118,10 @@ fn ggml_chunk(row: u32, chunks: u32, c: u32) -> GgmlChunk {
     let s = c % BLOCK_CHUNKS;
     switch FORMAT {
         case GGML_Q4_K, GGML_Q5_K: {
-            let head = ggml_word(bw);
+            let dm = kv_half2(ggml_word(bw));
             let sm = ggml_k_scale_min(bw + 1u, s);
-            let scale = kv_f16(head & 0xffffu) * f32(sm.x);
-            let offset = kv_f16(head >> 16u) * f32(sm.y);
+            let scale = dm.x * f32(sm.x);
+            let offset = dm.y * f32(sm.y);
             return GgmlChunk(bw, s, vec2<f32>(scale), -offset, vec4<u32>(0u), 0u);
         }
         case GGML_Q6_K: {
@@ -130,23 +131,23 @@ fn ggml_chunk(row: u32, chunks: u32, c: u32) -> GgmlChunk {
             let sc_word = ggml_word(bw + 48u + si / 4u) >> (8u * (si % 4u));
             let sc = vec2<i32>(bitcast<i32>(sc_word << 24u) >> 24u,
                 bitcast<i32>(sc_word << 16u) >> 24u);
-            let dq = kv_f16(ggml_word(bw + 52u) & 0xffffu);
+            let dq = kv_half2(ggml_word(bw + 52u)).x;
             return GgmlChunk(bw, s, dq * vec2<f32>(sc), -0.0, vec4<u32>(0u), 0u);
         }
         case GGML_Q4_0, GGML_Q4_1: {
-            let head = ggml_word(bw);
-            let offset = select(-0.0, kv_f16(head >> 16u), FORMAT == GGML_Q4_1);
-            return GgmlChunk(bw, s, vec2<f32>(kv_f16(head & 0xffffu)), offset,
+            let dm = kv_half2(ggml_word(bw));
+            let offset = select(-0.0, dm.y, FORMAT == GGML_Q4_1);
+            return GgmlChunk(bw, s, vec2<f32>(dm.x), offset,
                 ggml_codes4(bw + 1u), 0u);
         }
         case GGML_Q5_0, GGML_Q5_1: {
-            let head = ggml_word(bw);
-            let offset = select(-0.0, kv_f16(head >> 16u), FORMAT == GGML_Q5_1);
-            return GgmlChunk(bw, s, vec2<f32>(kv_f16(head & 0xffffu)), offset,
+            let dm = kv_half2(ggml_word(bw));
+            let offset = select(-0.0, dm.y, FORMAT == GGML_Q5_1);
+            return GgmlChunk(bw, s, vec2<f32>(dm.x), offset,
                 ggml_codes4(bw + 2u), ggml_word(bw + 1u));
         }
         default: {
-            return GgmlChunk(bw, s, vec2<f32>(kv_f16(ggml_word(bw) & 0xffffu)), -0.0,
+            return GgmlChunk(bw, s, vec2<f32>(kv_half2(ggml_word(bw)).x), -0.0,
                 vec4<u32>(0u), 0u);
         }
     }
@@ -171,9 +172,8 @@ fn ggml_values8(ch: GgmlChunk, p: u32) -> Values8 {
             let at = bw + 4u * p;
             if FORMAT == GGML_F16 {
                 return Values8(
-                    vec4<f32>(kv_unpack_f16x2(ggml_word(at)), kv_unpack_f16x2(ggml_word(at + 1u))),
-                    vec4<f32>(kv_unpack_f16x2(ggml_word(at + 2u)),
-                        kv_unpack_f16x2(ggml_word(at + 3u))),
+                    vec4<f32>(kv_half2(ggml_word(at)), kv_half2(ggml_word(at + 1u))),
+                    vec4<f32>(kv_half2(ggml_word(at + 2u)), kv_half2(ggml_word(at + 3u))),
                 );
             }
             return Values8(

@@ -121,7 +121,11 @@ pub fn prepare_qembed(ctx: &Context, args: &QEmbedArgs<'_>) -> Result<PreparedOp
         t0 += nt;
     }
     let key = PipelineKey::new(
-        format_variant(Kernel::QEmbed, table.ggml_type()),
+        format_variant(
+            Kernel::QEmbed,
+            table.ggml_type(),
+            ctx.caps().f16_unpack_exact,
+        ),
         &format_constants(table.ggml_type()),
     );
     let pipeline = ctx.pipeline(&key)?;

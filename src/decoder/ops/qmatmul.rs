@@ -387,9 +387,15 @@ pub(super) fn bound_windows(windows: usize) -> u8 {
 }
 
 /// The shader of `kernel` for weights of type `ty` (written out for the type,
-/// [`ShaderVariant::ggml_format`]) and, for the row kernel, a dispatch of `windows` windows.
-pub(super) fn row_variant(kernel: Kernel, ty: GgmlType, windows: usize) -> ShaderVariant {
-    let base = format_variant(kernel, ty);
+/// [`ShaderVariant::ggml_format`]), its f16 scales decoded as [`format_variant`] says, and, for
+/// the row kernel, a dispatch of `windows` windows.
+pub(super) fn row_variant(
+    kernel: Kernel,
+    ty: GgmlType,
+    windows: usize,
+    f16_convert: bool,
+) -> ShaderVariant {
+    let base = format_variant(kernel, ty, f16_convert);
     if kernel == Kernel::QMatmulRows {
         ShaderVariant {
             weight_windows: bound_windows(windows),
@@ -401,26 +407,37 @@ pub(super) fn row_variant(kernel: Kernel, ty: GgmlType, windows: usize) -> Shade
 }
 
 /// The shader of a block-format kernel (the product's three, or [`Kernel::QEmbed`]) written
-/// out for weights of type `ty`.
-pub(crate) fn format_variant(kernel: Kernel, ty: GgmlType) -> ShaderVariant {
+/// out for weights of type `ty`, decoding f16 (the blocks' scales, F16 weights) with
+/// `unpack2x16float` where `f16_convert` (the context's
+/// [`Capabilities::f16_unpack_exact`](crate::gpu::Capabilities::f16_unpack_exact): checked
+/// exact on every pattern) and with the exact integer decoder otherwise. Both give the CPU's
+/// values, so the bits do not depend on it.
+pub(crate) fn format_variant(kernel: Kernel, ty: GgmlType, f16_convert: bool) -> ShaderVariant {
     ShaderVariant {
         ggml_format: Some(ty.id() as u8),
+        f16_convert,
         ..ShaderVariant::new(kernel, Precision::F32)
     }
 }
 
 /// Every shader the host composes for a block-format kernel, for the naga tests: one per
-/// supported type, and for the row kernel each type with 4, 8 and 12 bound windows.
+/// supported type and way of decoding f16, and for the row kernel each of those with 4, 8 and
+/// 12 bound windows.
 pub fn format_variants(kernel: Kernel) -> Vec<ShaderVariant> {
     let windows: &[usize] = if kernel == Kernel::QMatmulRows {
         &[4, 8, 12]
     } else {
         &[1]
     };
-    crate::decoder::blocks::SUPPORTED
-        .iter()
-        .flat_map(|&ty| windows.iter().map(move |&w| row_variant(kernel, ty, w)))
-        .collect()
+    let mut variants = Vec::new();
+    for ty in crate::decoder::blocks::SUPPORTED {
+        for &w in windows {
+            for f16_convert in [false, true] {
+                variants.push(row_variant(kernel, ty, w, f16_convert));
+            }
+        }
+    }
+    variants
 }
 
 /// Most windows of `W` one dispatch of the row kernel binds (its `WINDOWS`; bindings `w`,
@@ -820,8 +837,9 @@ pub fn prepare_qmatmul_mapped(
                     QMatmulMapping::Rows => row_constants(w.ty, rows, windows),
                     _ => constants.clone(),
                 };
-                let key =
-                    PipelineKey::new(row_variant(mapping.kernel(), w.ty, windows), &constants);
+                let variant =
+                    row_variant(mapping.kernel(), w.ty, windows, ctx.caps().f16_unpack_exact);
+                let key = PipelineKey::new(variant, &constants);
                 let p = ctx.pipeline(&key)?;
                 pipelines[windows] = Some(std::sync::Arc::clone(&p));
                 p

@@ -113,7 +113,12 @@ pub fn prepare_qmatmul_group(
             params.win_dst[j] = d as u32;
         }
         let key = PipelineKey::new(
-            row_variant(Kernel::QMatmulRows, ty, windows),
+            row_variant(
+                Kernel::QMatmulRows,
+                ty,
+                windows,
+                ctx.caps().f16_unpack_exact,
+            ),
             &row_constants(ty, 1, windows),
         );
         let pipeline = ctx.pipeline(&key)?;
