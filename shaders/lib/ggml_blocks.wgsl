@@ -2,9 +2,9 @@
 // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), eight at a time, exactly as the CPU decodes
 // them (src/decoder/blocks/; the GPU layout and its padding: src/decoder/ops/qmatmul.rs).
 //
-// Needs kv_format.wgsl (kv_unpack_bf16x2) and kv_half2 (half2_exact.wgsl, the exact integer
-// decoder, or half2_convert.wgsl, unpack2x16float where the context found it exact: the same
-// values either way). The including kernel MUST define
+// Needs kv_format.wgsl (kv_unpack_bf16x2, kv_small_plus_f32x4) and kv_half2 (half2_exact.wgsl,
+// the exact integer decoder, or half2_convert.wgsl, unpack2x16float where the context found it
+// exact: the same values either way). The including kernel MUST define
 //   fn ggml_word(i: u32) -> u32   word i of the weight (rows back to back, blocks back to back)
 // and sets the overrides below. A row is `chunks` chunks of 32 values; a chunk is a block of
 // 32, or one sub-block of a K-quant's 256. Every value is an exact product in f32 (at most 23
@@ -51,13 +51,11 @@ fn ggml_fifth8(bits: u32, b: u32) -> array<u32, 8> {
 }
 
 // scale * (code + bias) + offset for eight codes (offset -0.0 adds nothing: exact products).
-// Each code + bias exactly, without an int-to-float conversion (kv_small_f32x4's way: codes are
-// below 2^8, biases small integers): the code in the mantissa of 2^23, less 2^23 - bias.
+// Each code + bias exactly, without an int-to-float conversion (kv_small_plus_f32x4: codes are
+// below 2^8, biases -128 to 0).
 fn ggml_scaled8(q: array<u32, 8>, bias: f32, scale: f32, offset: f32) -> Values8 {
-    let big = vec4<u32>(0x4b000000u);
-    let less = vec4<f32>(8388608.0 - bias);
-    let a = bitcast<vec4<f32>>(vec4<u32>(q[0], q[1], q[2], q[3]) | big) - less;
-    let b = bitcast<vec4<f32>>(vec4<u32>(q[4], q[5], q[6], q[7]) | big) - less;
+    let a = kv_small_plus_f32x4(vec4<u32>(q[0], q[1], q[2], q[3]), bias);
+    let b = kv_small_plus_f32x4(vec4<u32>(q[4], q[5], q[6], q[7]), bias);
     return Values8(a * scale + vec4<f32>(offset), b * scale + vec4<f32>(offset));
 }
 

@@ -51,7 +51,14 @@ fn kv_sub_normal(e: u32, mant: u32) -> u32 {
 // Integers below 2^23 as f32, exactly, without an int-to-float conversion: each placed in the
 // mantissa of 2^23, then 2^23 subtracted.
 fn kv_small_f32x4(u: vec4<u32>) -> vec4<f32> {
-    return bitcast<vec4<f32>>(u | vec4<u32>(0x4b000000u)) - vec4<f32>(8388608.0);
+    return kv_small_plus_f32x4(u, 0.0);
+}
+
+// u + bias as f32, exactly, for u below 2^23 and a small integer bias (|bias| well below 2^22,
+// so that 2^23 - bias and u + bias are exact): kv_small_f32x4 with 2^23 - bias subtracted
+// instead of 2^23, the bias at no cost.
+fn kv_small_plus_f32x4(u: vec4<u32>, bias: f32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(u | vec4<u32>(0x4b000000u)) - vec4<f32>(8388608.0 - bias);
 }
 
 // The four two's complement int8 codes of a word, element 4i in the low byte, exactly: each

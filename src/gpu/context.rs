@@ -24,6 +24,11 @@ pub struct ContextOptions {
     pub disable_f16: bool,
     /// Do not request `SUBGROUP` even if the adapter has it.
     pub disable_subgroups: bool,
+    /// Do not run the f16 check: the kernels keep the exact integer f16 decoder even where
+    /// `unpack2x16float` would be exact
+    /// ([`Capabilities::f16_unpack_exact`] stays false). The values are the same either way: a
+    /// testing knob (and a few milliseconds less at context creation).
+    pub disable_f16_unpack: bool,
     /// Cap on the storage binding size the library plans KV pools with (tests use small caps
     /// so that pools split across several buffers). Other buffers are checked against the
     /// device's own limit. `None` uses the adapter's limit.
@@ -497,7 +502,7 @@ impl Context {
             recorder.lose(format!("{reason:?}: {message}"));
         });
         #[cfg(target_arch = "wasm32")]
-        ctx.check_f16_unpack().await;
+        ctx.check_f16_unpack(opts).await;
         Ok(ctx)
     }
 
@@ -604,14 +609,14 @@ impl Context {
         // On the web the check's readback must be awaited: `new_async` runs it there, and a
         // context made by `from_wgpu` keeps the integer decoder.
         #[cfg(not(target_arch = "wasm32"))]
-        pollster::block_on(ctx.check_f16_unpack());
+        pollster::block_on(ctx.check_f16_unpack(opts));
         Ok(ctx)
     }
 
     /// Runs the f16 check (see [`super::f16_check`]) where the device can convert f16 in f32
     /// code, and lets the kernels use `unpack2x16float` only when every pattern matched.
-    async fn check_f16_unpack(&mut self) {
-        if self.caps.f16_in_f32 {
+    async fn check_f16_unpack(&mut self, opts: &ContextOptions) {
+        if self.caps.f16_in_f32 && !opts.disable_f16_unpack {
             // A failed or inexact check keeps the integer decoder: never a reason to refuse.
             let mismatches = super::f16_check::unpack_mismatches_async(self).await;
             self.caps.f16_unpack_exact = mismatches.is_ok_and(|m| m.is_empty());

@@ -292,6 +292,82 @@ fn one_row_over_short_weight_rows_matches_in_every_kernel() {
     }
 }
 
+/// The blocks' f16 (scales, F16 weights) through `unpack2x16float`, where the context's f16
+/// check found it exact (lavapipe), and through the exact integer decoder (a context told not
+/// to check, as every context without the capability): the same values, so every kernel gives
+/// the same bits either way, the row kernel and the embedding gather included. On an adapter
+/// without the capability (llvmpipe) both contexts take the integer decoder.
+#[test]
+fn the_blocks_f16_decode_the_same_by_unpack2x16float_and_by_integers() {
+    let ctx = gpu();
+    let integer = Context::with_options(&kvattn::gpu::ContextOptions {
+        disable_f16_unpack: true,
+        ..crate::common::test_context_options()
+    })
+    .unwrap();
+    assert!(!integer.caps().f16_unpack_exact);
+    eprintln!(
+        "f16 by unpack2x16float in the default context: {}",
+        ctx.caps().f16_unpack_exact
+    );
+    let mut rng = Rng::new(31);
+    for ty in [
+        GgmlType::F16,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
+        let k = ks(ty)[1];
+        let n = window_rows(ty, k);
+        let mut w = random_weight(&mut rng, ty, n, k);
+        // A subnormal, an infinite and a NaN f16 scale (blocks 0, 1 and 2 of row 0), where the
+        // two decoders could part.
+        let block = ty.bytes_for(ty.block_size()).unwrap() as usize;
+        // F16 weights have no scales: there the first three values take them.
+        let field = scale_fields(ty).first().copied().unwrap_or(0);
+        for (b, h) in [f16::from_bits(0x0001), f16::INFINITY, f16::NAN]
+            .into_iter()
+            .enumerate()
+        {
+            let at = b * block + field;
+            w[at..at + 2].copy_from_slice(&h.to_bits().to_le_bytes());
+        }
+        let x = rng.normals(2 * k, 1.0);
+        let y: Vec<Vec<u32>> = [ctx, &integer]
+            .into_iter()
+            .map(|c| {
+                let weight = QWeight::upload(c, "w", ty, (n, k), &w).unwrap();
+                // run checks that the kernels agree with each other in this context.
+                let y = run(c, &weight, &x, (1, 1, 0, 1));
+                let ids = c.upload("ids", &[0u32, n as u32 - 1]).unwrap();
+                let out = c.filled("out", 2 * k, UNWRITTEN).unwrap();
+                let args = QEmbedArgs {
+                    tokens: &ids,
+                    n_tokens: 2,
+                    table: &weight,
+                    out: &out,
+                };
+                qembed(c, &args).unwrap();
+                let table = c.read_back::<f32>(&out, 2 * k).unwrap();
+                y.iter()
+                    .chain(&table)
+                    .map(|f| if f.is_nan() { u32::MAX } else { f.to_bits() })
+                    .collect()
+            })
+            .collect();
+        assert!(
+            y[0].iter().all(|&b| b != UNWRITTEN_BITS),
+            "{ty}: an output was not written"
+        );
+        assert_eq!(
+            y[0], y[1],
+            "{ty}: unpack2x16float and the integer decoder differ"
+        );
+    }
+}
+
 /// The residual add fused into the product (`accumulate`, the decoder's O and down products):
 /// the product's rows of y become y + W x with the bits of the product followed by the add
 /// (y's value first), in every kernel, over a weight of several windows of the row kernel too;
