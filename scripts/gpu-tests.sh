@@ -49,7 +49,7 @@ total=$(wc -l < "$names")
 # next ones 300 to 600 s), then any others in name order.
 heavy="paged_attention decode nan_semantics mla verify qmatmul decoder serve decoder_blocks"
 modules=$( (for m in $heavy; do echo "$m"; done; cut -d: -f1 "$names" | sort -u) |
-  awk '!seen[$0]++' | while read -r m; do grep -q "^$m::" "$names" && echo "$m"; done)
+  awk '!seen[$0]++' | while read -r m; do if grep -q "^$m::" "$names"; then echo "$m"; fi; done)
 
 logs=$(mktemp -d)
 run_module() {
