@@ -13,15 +13,19 @@
 //! cargo run --release --features decoder --example decoder -- \
 //!     --model SmolLM2-135M-Instruct.Q4_1.gguf --prompt "What is the capital of France?" \
 //!     [--raw] [--max-tokens 64] [--temperature 0] [--top-k 0] [--top-p 1] [--seed 0] \
-//!     [--kv-dtype f16]
+//!     [--kv-dtype f16] [--profile-ops]
 //! ```
+//!
+//! `--profile-ops` records each op of a decode step in a compute pass of its own and prints
+//! where the step's device time goes (median milliseconds per step by op), on adapters with
+//! timestamps.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
-use kvattn::decoder::generate::{generate_text, per_step_line, TextOptions};
+use kvattn::decoder::generate::{generate_text, op_table, per_step_line, TextOptions};
 use kvattn::decoder::load::load_gguf;
 use kvattn::decoder::sampling::Sampling;
 use kvattn::decoder::toy::{self, ToyOptions, ToyReport};
@@ -74,6 +78,10 @@ struct Args {
     /// KV cache format: f32, f16, bf16, fp8-e4m3, fp8-e5m2, int8, int4
     #[arg(long, value_name = "D", requires = "model", default_value_t = TextOptions::default().kv_dtype)]
     kv_dtype: KvDtype,
+    /// Time each op of the decode steps in a compute pass of its own and print where a step's
+    /// device time goes (adapters with timestamps)
+    #[arg(long, requires = "model")]
+    profile_ops: bool,
 }
 
 impl Args {
@@ -91,6 +99,7 @@ impl Args {
             },
             kv_dtype: self.kv_dtype,
             profile: true,
+            profile_ops: self.profile_ops,
             ..TextOptions::default()
         }
     }
@@ -318,5 +327,18 @@ fn run_model(ctx: &Context, path: &Path, opts: &TextOptions) -> Result<()> {
         stats.decode_tokens as f64 / stats.decode_seconds.max(1e-9)
     );
     eprintln!("{}", per_step_line(&stats.decode_profile));
+    if opts.profile_ops {
+        if stats.op_profile.is_empty() {
+            eprintln!("no per-op profile: the adapter has no timestamps");
+        } else {
+            eprintln!(
+                "device time per decode step by op (a pass per op; medians over {} steps):",
+                stats.decode_profile.len()
+            );
+            for line in op_table(&stats.op_profile) {
+                eprintln!("  {line}");
+            }
+        }
+    }
     Ok(())
 }

@@ -4,10 +4,10 @@
 use web_time::Instant;
 
 use super::load::LoadedModel;
-use super::model::Logits;
+use super::model::{Decoder, Logits};
 use super::sampling::{Sampler, Sampling};
 use crate::cache::paged::{PagedKvCache, PoolSize};
-use crate::gpu::{Context, Counters};
+use crate::gpu::{Context, Counters, PassTime};
 use crate::quant::KvDtype;
 use crate::shader::Precision;
 use crate::{Error, Result};
@@ -30,6 +30,10 @@ pub struct TextOptions {
     /// Profile every decode step ([`TextStats::decode_profile`]): device timestamps around
     /// the step and a queue sync before it.
     pub profile: bool,
+    /// Profile every decode step (as [`profile`](Self::profile) does) with each op in a
+    /// compute pass of its own ([`Decoder::set_pass_per_op`]), and say where the step's device
+    /// time goes ([`TextStats::op_profile`]; empty on an adapter without timestamps).
+    pub profile_ops: bool,
 }
 
 impl Default for TextOptions {
@@ -43,6 +47,7 @@ impl Default for TextOptions {
             kv_dtype: KvDtype::F16,
             precision: Precision::F32,
             profile: false,
+            profile_ops: false,
         }
     }
 }
@@ -69,8 +74,24 @@ pub struct TextStats {
     pub decode_seconds: f64,
     /// The logits the first generated token was chosen from.
     pub first_logits: Vec<f32>,
-    /// What each decode step did on the device (with [`TextOptions::profile`]).
+    /// What each decode step did on the device (with [`TextOptions::profile`] or
+    /// [`TextOptions::profile_ops`]).
     pub decode_profile: Vec<StepProfile>,
+    /// Where a decode step's device time went, op by op, in the order a step records them
+    /// (with [`TextOptions::profile_ops`] on an adapter with timestamps).
+    pub op_profile: Vec<OpTime>,
+}
+
+/// One op's share of a decode step ([`TextOptions::profile_ops`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpTime {
+    /// The op's name ([`super::passes::op`]).
+    pub op: String,
+    /// Its passes in a step (one per layer for a layer's op).
+    pub passes: usize,
+    /// The median over the profiled steps of the op's device seconds in a step (its passes
+    /// summed).
+    pub seconds: f64,
 }
 
 /// What one decode step cost: what it created and submitted, and where its time went.
@@ -95,7 +116,15 @@ impl StepProfile {
 /// Runs `f` (one step) with its counters and device time measured: the queue is synced
 /// before it, and its compute passes carry timestamps where the adapter has them.
 pub fn profiled<T>(ctx: &Context, f: impl FnOnce() -> Result<T>) -> Result<(T, StepProfile)> {
-    let ((value, counters, wall), timing) = ctx.timed(|| {
+    profiled_passes(ctx, f).map(|(value, profile, _)| (value, profile))
+}
+
+/// [`profiled`], with each compute pass the step recorded, timed ([`Context::timed_passes`]).
+pub fn profiled_passes<T>(
+    ctx: &Context,
+    f: impl FnOnce() -> Result<T>,
+) -> Result<(T, StepProfile, Vec<PassTime>)> {
+    let ((value, counters, wall), timing, passes) = ctx.timed_passes(|| {
         let before = ctx.counters();
         // The step alone: not the queue sync before it nor the timestamp readback after it.
         let start = Instant::now();
@@ -110,7 +139,70 @@ pub fn profiled<T>(ctx: &Context, f: impl FnOnce() -> Result<T>) -> Result<(T, S
             wall_seconds: wall,
             device_seconds: timing.busy_seconds,
         },
+        passes,
     ))
+}
+
+/// Each op's passes and median seconds per step over `steps` (each step's passes, labelled by
+/// op), ops in the order of their first pass.
+pub fn op_times(steps: &[Vec<PassTime>]) -> Vec<OpTime> {
+    // Per op: the most passes of a step, and its seconds in each step (0 where it has none).
+    let mut ops: Vec<(String, usize, Vec<f64>)> = Vec::new();
+    for (i, passes) in steps.iter().enumerate() {
+        let mut counts = vec![0usize; ops.len()];
+        for pass in passes {
+            let at = match ops.iter().position(|(op, ..)| *op == pass.label) {
+                Some(at) => at,
+                None => {
+                    ops.push((pass.label.clone(), 0, vec![0.0; steps.len()]));
+                    counts.push(0);
+                    ops.len() - 1
+                }
+            };
+            counts[at] += 1;
+            ops[at].2[i] += pass.seconds;
+        }
+        for (o, count) in ops.iter_mut().zip(counts) {
+            o.1 = o.1.max(count);
+        }
+    }
+    ops.into_iter()
+        .map(|(op, passes, seconds)| OpTime {
+            op,
+            passes,
+            seconds: median(seconds),
+        })
+        .collect()
+}
+
+/// Lines of a table of `ops` (see [`op_times`]): each op's passes, milliseconds per step and
+/// share of their sum.
+pub fn op_table(ops: &[OpTime]) -> Vec<String> {
+    let total: f64 = ops.iter().map(|o| o.seconds).sum();
+    let mut lines = vec![format!(
+        "{:<16} {:>6} {:>9} {:>6}",
+        "op", "passes", "ms", "share"
+    )];
+    for o in ops {
+        lines.push(format!(
+            "{:<16} {:>6} {:>9.3} {:>5.1}%",
+            o.op,
+            o.passes,
+            o.seconds * 1e3,
+            if total > 0.0 {
+                100.0 * o.seconds / total
+            } else {
+                0.0
+            }
+        ));
+    }
+    lines.push(format!(
+        "{:<16} {:>6} {:>9.3}",
+        "sum",
+        ops.iter().map(|o| o.passes).sum::<usize>(),
+        total * 1e3
+    ));
+    lines
 }
 
 /// The median of `values` (0 when empty).
@@ -194,6 +286,8 @@ pub fn generate_text(
     let t1 = Instant::now();
     let mut decode_tokens = 0;
     let mut decode_profile = Vec::new();
+    let mut step_passes = Vec::new();
+    let _per_op = PassPerOp::new(model, opts.profile_ops);
     while ids.len() < opts.max_tokens {
         let next = sampler.sample(&logits)?;
         if Some(next) == eos {
@@ -209,9 +303,13 @@ pub fn generate_text(
             break;
         }
         let step = [(seq, &[next][..])];
-        logits = if opts.profile {
-            let (out, profile) = profiled(ctx, || model.forward(ctx, &mut cache, &step))?;
+        logits = if opts.profile || opts.profile_ops {
+            let (out, profile, passes) =
+                profiled_passes(ctx, || model.forward(ctx, &mut cache, &step))?;
             decode_profile.push(profile);
+            if opts.profile_ops && !passes.is_empty() {
+                step_passes.push(passes);
+            }
             out.logits
         } else {
             model.forward(ctx, &mut cache, &step)?.logits
@@ -234,5 +332,68 @@ pub fn generate_text(
         decode_seconds: t1.elapsed().as_secs_f64(),
         first_logits,
         decode_profile,
+        op_profile: op_times(&step_passes),
     })
+}
+
+/// The decoder's steps recorded with a pass per op while this lives (when asked for), one
+/// pass a step again after it, errors included.
+struct PassPerOp<'a>(Option<&'a Decoder>);
+
+impl<'a> PassPerOp<'a> {
+    fn new(model: &'a Decoder, on: bool) -> Self {
+        if on {
+            model.set_pass_per_op(true);
+        }
+        Self(on.then_some(model))
+    }
+}
+
+impl Drop for PassPerOp<'_> {
+    fn drop(&mut self) {
+        if let Some(model) = self.0 {
+            model.set_pass_per_op(false);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pass(label: &str, ms: f64) -> PassTime {
+        PassTime {
+            label: label.into(),
+            seconds: ms * 1e-3,
+        }
+    }
+
+    #[test]
+    fn op_times_sum_each_ops_passes_and_take_the_median_over_steps() {
+        let steps = vec![
+            vec![pass("a", 1.0), pass("b", 2.0), pass("a", 3.0)],
+            vec![
+                pass("a", 2.0),
+                pass("b", 4.0),
+                pass("a", 2.0),
+                pass("c", 9.0),
+            ],
+            vec![pass("b", 1.0), pass("a", 5.0), pass("a", 5.0)],
+        ];
+        let ops = op_times(&steps);
+        let got: Vec<(&str, usize, f64)> = ops
+            .iter()
+            .map(|o| (o.op.as_str(), o.passes, (o.seconds * 1e6).round() / 1e3))
+            .collect();
+        // a: 4, 4, 10 ms; b: 2, 4, 1; c: 0, 9, 0 (absent steps count as 0).
+        assert_eq!(got, [("a", 2, 4.0), ("b", 1, 2.0), ("c", 1, 0.0)]);
+        assert!(op_times(&[]).is_empty());
+        let table = op_table(&ops);
+        assert_eq!(table.len(), ops.len() + 2, "{table:?}");
+        assert!(
+            table[1].starts_with("a ") && table[1].contains("66.7%"),
+            "{table:?}"
+        );
+        assert!(table.last().unwrap().contains("6.000"), "{table:?}");
+    }
 }

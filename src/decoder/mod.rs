@@ -3,8 +3,8 @@
 //! [`ops`], the weights of [`weights`]), loading GGUF models ([`gguf`], [`load`], the block
 //! formats of [`blocks`]; [`gguf_writer`] writes them), the tokenizers (byte-level BPE and
 //! SentencePiece) with prompts from the file's chat template ([`tokenizer`]), sampling on the
-//! host ([`sampling`]), text generation ([`generate`]) and the
-//! KV-cache article's toy experiment ([`toy`]).
+//! host ([`sampling`]), text generation ([`generate`]), a step's compute passes for profiling
+//! ([`passes`]) and the KV-cache article's toy experiment ([`toy`]).
 
 pub mod blocks;
 pub mod generate;
@@ -13,6 +13,7 @@ pub mod gguf_writer;
 pub mod load;
 pub mod model;
 pub mod ops;
+pub mod passes;
 pub mod quality;
 pub mod sampling;
 pub mod tokenizer;

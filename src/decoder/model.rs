@@ -30,11 +30,13 @@ use crate::decoder::ops::qmatmul::input_buffer;
 use crate::decoder::ops::rms_norm::{prepare_rms_norm, RmsNormArgs};
 use crate::decoder::ops::swiglu::{prepare_swiglu, SwigluArgs};
 use crate::decoder::ops::PreparedOp;
+use crate::decoder::passes::{op, StepPasses};
 use crate::decoder::weights::{GpuMatrix, LayerMatrix, Product, WeightSource};
 use crate::gpu::{Context, Readback};
 use crate::quant::KvDtype;
 use crate::rope::{PreparedRope, Rope, RopeArgs, RopeConfig, RopeStyle, RopeTables};
 use crate::shader::Precision;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::{Error, Result};
@@ -330,6 +332,8 @@ pub struct Decoder {
     rope_k: RopeTables,
     /// The activations and the prepared steps of the last few step shapes.
     steps: Mutex<StepCache>,
+    /// Whether a step records each op in a pass of its own ([`Decoder::set_pass_per_op`]).
+    pass_per_op: AtomicBool,
 }
 
 /// Step shapes whose prepared resources a decoder keeps (e.g. a prefill and a decode shape);
@@ -611,7 +615,17 @@ impl Decoder {
             rope_q,
             rope_k,
             steps: Mutex::new(StepCache::default()),
+            pass_per_op: AtomicBool::new(false),
         })
+    }
+
+    /// Records each op of the steps from now on in a compute pass of its own, labelled with
+    /// the op's name ([`super::passes::op`]), when `on`; in one pass per step when not (the
+    /// default). The results are the same bit for bit; with the steps timed by
+    /// [`Context::timed_passes`] the passes say where a step's device time goes (the decoder
+    /// example's `--profile-ops`).
+    pub fn set_pass_per_op(&self, on: bool) {
+        self.pass_per_op.store(on, Ordering::Relaxed);
     }
 
     /// Bytes of every weight on the GPU (matrices in their block format, norms in f32).
@@ -795,8 +809,10 @@ impl Decoder {
         step.append.update(ctx, cache, &append)?;
         step.attention.update(ctx, cache, &queries)?;
         {
-            let mut pass = ctx.begin_compute_pass(encoder, Some("decoder step"));
-            self.encode_layers(ctx, &mut pass, cache, &step, s)?;
+            let per_op = self.pass_per_op.load(Ordering::Relaxed);
+            let mut passes = StepPasses::new(ctx, encoder, per_op);
+            self.encode_layers(ctx, &mut passes, cache, &step, s)?;
+            passes.finish();
         }
         let bytes = (rows * c.vocab * 4) as u64;
         step.readback.encode_copy(encoder, &step.logits, 0, bytes)?;
@@ -904,25 +920,29 @@ impl Decoder {
         Ok(())
     }
 
-    /// Records a prepared step (whose plans were updated for this step) into `pass`.
+    /// Records a prepared step (whose plans were updated for this step) into `passes`.
     fn encode_layers(
         &self,
         ctx: &Context,
-        pass: &mut wgpu::ComputePass<'_>,
+        passes: &mut StepPasses<'_>,
         cache: &PagedKvCache,
         step: &Step,
         s: &Scratch,
     ) -> Result<()> {
-        step.embed.encode(pass);
+        step.embed.encode(passes.op(op::EMBED));
         for (layer, ops) in step.layers.iter().enumerate() {
-            ops.attn_norm.encode(pass);
+            ops.attn_norm.encode(passes.op(op::ATTN_NORM));
+            let pass = passes.op(op::QKV);
             for product in &ops.qkv {
                 product.encode(pass);
             }
-            for bias in &ops.qkv_bias {
-                bias.encode(pass);
+            if !ops.qkv_bias.is_empty() {
+                let pass = passes.op(op::QKV_BIAS);
+                for bias in &ops.qkv_bias {
+                    bias.encode(pass);
+                }
             }
-            step.rope.encode(pass);
+            step.rope.encode(passes.op(op::ROPE));
             let io = AppendIo {
                 cache,
                 layer,
@@ -930,7 +950,7 @@ impl Decoder {
                 v: whole(&s.v),
                 src: SourceDtype::F32,
             };
-            step.append.encode(ctx, pass, &io)?;
+            step.append.encode(ctx, passes.op(op::APPEND), &io)?;
             let io = AttentionIo {
                 cache,
                 layer,
@@ -938,18 +958,19 @@ impl Decoder {
                 out: whole(&s.attn),
                 lse: whole(&s.lse),
             };
-            step.attention.encode(ctx, pass, &io)?;
-            ops.o.encode(pass);
-            ops.ffn_norm.encode(pass);
-            ops.gate.encode(pass);
-            ops.up.encode(pass);
-            step.swiglu.encode(pass);
-            ops.down.encode(pass);
+            step.attention.encode(ctx, passes.op(op::ATTENTION), &io)?;
+            ops.o.encode(passes.op(op::O));
+            ops.ffn_norm.encode(passes.op(op::FFN_NORM));
+            ops.gate.encode(passes.op(op::GATE));
+            ops.up.encode(passes.op(op::UP));
+            step.swiglu.encode(passes.op(op::SWIGLU));
+            ops.down.encode(passes.op(op::DOWN));
         }
-        step.final_norm.encode(pass);
+        step.final_norm.encode(passes.op(op::FINAL_NORM));
         if let Some((gather, _)) = &step.gather {
-            gather.encode(pass);
+            gather.encode(passes.op(op::GATHER));
         }
+        let pass = passes.op(op::HEAD);
         for head in &step.head {
             head.encode(pass);
         }

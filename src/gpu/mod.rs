@@ -24,4 +24,4 @@ pub use layout::WgslStruct;
 pub use readback::Readback;
 pub use record::Dispatch;
 pub use sentinel::{is_unwritten, UNWRITTEN, UNWRITTEN_BITS};
-pub use timing::Timing;
+pub use timing::{PassTime, Timing};

@@ -20,6 +20,17 @@ pub(crate) struct PassClock {
 struct Recorder {
     set: wgpu::QuerySet,
     next: u32,
+    /// Each timed pass's label, in recording order.
+    labels: Vec<String>,
+}
+
+/// One compute pass timed by [`Context::timed_passes`]: its label and how long it ran.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PassTime {
+    /// The label the pass was begun with (empty for none).
+    pub label: String,
+    /// Seconds from the pass's start to its end (device timestamps).
+    pub seconds: f64,
 }
 
 /// How long some GPU work took, and how that was measured.
@@ -53,7 +64,11 @@ impl Context {
         let writes = guard.as_mut().and_then(|r| {
             let at = r.next;
             r.next += 2;
-            (at + 2 <= 2 * MAX_TIMED_PASSES).then(|| (r.set.clone(), at))
+            let fits = at + 2 <= 2 * MAX_TIMED_PASSES;
+            if fits {
+                r.labels.push(label.unwrap_or_default().to_owned());
+            }
+            fits.then(|| (r.set.clone(), at))
         });
         drop(guard);
         match writes {
@@ -84,6 +99,20 @@ impl Context {
     /// What `f` returns, and [`Error::Wgpu`] (or [`Error::OutOfMemory`], [`Error::DeviceLost`])
     /// when creating the queries, waiting or reading the timestamps fails.
     pub fn timed<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(T, Timing)> {
+        self.timed_passes(f)
+            .map(|(value, timing, _)| (value, timing))
+    }
+
+    /// [`timed`](Self::timed), with each compute pass's own time and label in recording order
+    /// when the timing comes from device timestamps (empty on the wall clock). A profile of
+    /// where the time goes: record the parts to tell apart in passes of their own, labelled.
+    ///
+    /// # Errors
+    /// As [`timed`](Self::timed).
+    pub fn timed_passes<T>(
+        &self,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<(T, Timing, Vec<PassTime>)> {
         self.wait()?;
         if self.caps().timestamps {
             let set = self.scoped("timestamp queries", || {
@@ -93,7 +122,11 @@ impl Context {
                     count: 2 * MAX_TIMED_PASSES,
                 })
             })?;
-            *self.lock_clock() = Some(Recorder { set, next: 0 });
+            *self.lock_clock() = Some(Recorder {
+                set,
+                next: 0,
+                labels: Vec::new(),
+            });
         }
         let start = Instant::now();
         let value = f();
@@ -109,21 +142,28 @@ impl Context {
             busy_seconds: wall,
         };
         let Some(recorder) = recorder else {
-            return Ok((value, wall_clock));
+            return Ok((value, wall_clock, Vec::new()));
         };
         let queries = recorder.next;
         if queries == 0 || queries > 2 * MAX_TIMED_PASSES {
-            return Ok((value, wall_clock));
+            return Ok((value, wall_clock, Vec::new()));
         }
-        let (span, busy) = self.timestamp_span(&recorder.set, queries)?;
+        let (span, spans) = self.timestamp_span(&recorder.set, queries)?;
+        let passes: Vec<PassTime> = recorder
+            .labels
+            .into_iter()
+            .zip(spans)
+            .map(|(label, seconds)| PassTime { label, seconds })
+            .collect();
         Ok((
             value,
             Timing {
                 seconds: span,
                 timestamps: true,
                 passes: queries / 2,
-                busy_seconds: busy,
+                busy_seconds: passes.iter().map(|p| p.seconds).sum(),
             },
+            passes,
         ))
     }
 
@@ -135,8 +175,8 @@ impl Context {
     }
 
     /// Seconds from the earliest to the latest of the first `queries` timestamps of `set`, and
-    /// the sum of each pass's own span.
-    fn timestamp_span(&self, set: &wgpu::QuerySet, queries: u32) -> Result<(f64, f64)> {
+    /// each pass's own span.
+    fn timestamp_span(&self, set: &wgpu::QuerySet, queries: u32) -> Result<(f64, Vec<f64>)> {
         let bytes = u64::from(queries) * wgpu::QUERY_SIZE as u64;
         let resolve = self.create_buffer(&wgpu::BufferDescriptor {
             label: Some("kvattn timestamps"),
@@ -160,13 +200,10 @@ impl Context {
             )));
         }
         let period_ns = f64::from(self.queue.get_timestamp_period());
-        let busy: u64 = ticks
+        let spans = ticks
             .chunks_exact(2)
-            .map(|p| p[1].saturating_sub(p[0]))
-            .sum();
-        Ok((
-            (last - first) as f64 * period_ns * 1e-9,
-            busy as f64 * period_ns * 1e-9,
-        ))
+            .map(|p| p[1].saturating_sub(p[0]) as f64 * period_ns * 1e-9)
+            .collect();
+        Ok(((last - first) as f64 * period_ns * 1e-9, spans))
     }
 }

@@ -4,15 +4,17 @@
 //! across block boundaries, for one sequence and for a batch of two; and its logits are the
 //! bits of a cold run, where every step is made by a freshly uploaded decoder (nothing reused);
 //! with its shapes prepared ahead (`Decoder::prepare_shape`) the first prefill and decode step
-//! create no buffer.
+//! create no buffer; a step recorded with a pass per op (for profiling) gives the same bits,
+//! its passes named for the ops.
 //!
 //! Each test has a context of its own, so that other tests' work does not count.
 
 use kvattn::cache::allocator::SeqId;
 use kvattn::cache::paged::{PagedKvCache, PoolSize};
 use kvattn::decoder::model::{Decoder, DecoderConfig, HostWeights, Logits};
+use kvattn::decoder::passes::op;
 use kvattn::decoder::toy::{random_weights, toy_config};
-use kvattn::gpu::{Context, Counters};
+use kvattn::gpu::{Context, Counters, PassTime};
 use kvattn::quant::KvDtype;
 use kvattn::shader::Precision;
 
@@ -281,4 +283,82 @@ fn shapes_prepared_ahead_leave_the_first_steps_only_the_plans_bindings() {
     assert!(model
         .prepare_shape(&ctx, &other, &[1], Logits::Last, 4)
         .is_err());
+}
+
+#[test]
+fn a_step_with_a_pass_per_op_gives_the_same_bits_and_a_pass_named_for_each_op() {
+    // A prefill of two sequences (their last rows gathered for the output projection), a
+    // batched decode step and a decode step of one: the same logits bit for bit with one
+    // pass a step and with a pass per op, and the per-op passes carry the ops' names in the
+    // order a step records them.
+    let ctx = own_context(None);
+    let c = toy_config(2);
+    let w = random_weights(&c, 33);
+    let model = Decoder::upload(&ctx, c, &w, Precision::F32).unwrap();
+    let (a, b) = (tokens(11, c.vocab, 7), tokens(6, c.vocab, 8));
+    let steps: [Vec<(SeqId, &[u32])>; 3] = [
+        vec![(0, &a[..9]), (1, &b[..5])],
+        vec![(0, &a[9..10]), (1, &b[5..6])],
+        vec![(0, &a[10..11])],
+    ];
+    let run = |per_op: bool| -> (Vec<Vec<u32>>, Vec<Vec<PassTime>>) {
+        model.set_pass_per_op(per_op);
+        let mut cache = cache_for(&ctx, &c, KvDtype::F16, &[0, 1]);
+        let runs = steps
+            .iter()
+            .map(|batch| {
+                let (out, _, passes) = ctx
+                    .timed_passes(|| model.forward(&ctx, &mut cache, batch))
+                    .unwrap();
+                let bits = out.logits.iter().map(|v| v.to_bits()).collect();
+                (bits, passes)
+            })
+            .unzip();
+        model.set_pass_per_op(false);
+        runs
+    };
+    let (one, one_passes) = run(false);
+    let (split, split_passes) = run(true);
+    for (i, (x, y)) in one.iter().zip(&split).enumerate() {
+        assert!(x == y, "step {i}: a pass per op changed the logits");
+    }
+    if !ctx.caps().timestamps {
+        // Without timestamps nothing is timed pass by pass.
+        assert!(one_passes.iter().chain(&split_passes).all(Vec::is_empty));
+        return;
+    }
+    let layer = [
+        op::ATTN_NORM,
+        op::QKV,
+        op::ROPE,
+        op::APPEND,
+        op::ATTENTION,
+        op::O,
+        op::FFN_NORM,
+        op::GATE,
+        op::UP,
+        op::SWIGLU,
+        op::DOWN,
+    ];
+    for (i, (one, split)) in one_passes.iter().zip(&split_passes).enumerate() {
+        let labels: Vec<&str> = one.iter().map(|p| p.label.as_str()).collect();
+        assert_eq!(labels, ["decoder step"], "step {i}, one pass");
+        let mut want = vec![op::EMBED];
+        for _ in 0..c.layers {
+            want.extend(layer);
+        }
+        want.push(op::FINAL_NORM);
+        if steps[i].len() > 1 {
+            want.push(op::GATHER);
+        }
+        want.push(op::HEAD);
+        let labels: Vec<&str> = split.iter().map(|p| p.label.as_str()).collect();
+        assert_eq!(labels, want, "step {i}, a pass per op");
+        assert!(
+            split
+                .iter()
+                .all(|p| p.seconds.is_finite() && p.seconds >= 0.0),
+            "step {i}: {split:?}"
+        );
+    }
 }
