@@ -336,24 +336,24 @@ pub fn generate_text(
     })
 }
 
-/// The decoder's steps recorded with a pass per op while this lives (when asked for), one
-/// pass a step again after it, errors included.
-struct PassPerOp<'a>(Option<&'a Decoder>);
+/// The decoder's steps recorded with a pass per op while this lives (when asked for), as
+/// before it afterwards, errors included.
+struct PassPerOp<'a> {
+    model: &'a Decoder,
+    before: bool,
+}
 
 impl<'a> PassPerOp<'a> {
     fn new(model: &'a Decoder, on: bool) -> Self {
-        if on {
-            model.set_pass_per_op(true);
-        }
-        Self(on.then_some(model))
+        let before = model.pass_per_op();
+        model.set_pass_per_op(before || on);
+        Self { model, before }
     }
 }
 
 impl Drop for PassPerOp<'_> {
     fn drop(&mut self) {
-        if let Some(model) = self.0 {
-            model.set_pass_per_op(false);
-        }
+        self.model.set_pass_per_op(self.before);
     }
 }
 

@@ -303,6 +303,7 @@ fn a_step_with_a_pass_per_op_gives_the_same_bits_and_a_pass_named_for_each_op() 
     ];
     let run = |per_op: bool| -> (Vec<Vec<u32>>, Vec<Vec<PassTime>>) {
         model.set_pass_per_op(per_op);
+        assert_eq!(model.pass_per_op(), per_op);
         let mut cache = cache_for(&ctx, &c, KvDtype::F16, &[0, 1]);
         let runs = steps
             .iter()

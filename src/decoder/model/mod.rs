@@ -121,6 +121,11 @@ impl Decoder {
         self.pass_per_op.store(on, Ordering::Relaxed);
     }
 
+    /// Whether steps record each op in a pass of its own ([`set_pass_per_op`](Self::set_pass_per_op)).
+    pub fn pass_per_op(&self) -> bool {
+        self.pass_per_op.load(Ordering::Relaxed)
+    }
+
     /// Bytes of every weight on the GPU (matrices in their block format, norms in f32).
     pub fn weight_bytes(&self) -> u64 {
         self.weight_bytes
