@@ -14,9 +14,9 @@
 // uniform bindings: on Mesa's llvmpipe and lavapipe a storage load whose address depends on a
 // loop is a loop over the SIMD lanes, one scalar at a time through the stack, while a uniform
 // load is the same scalar loads unrolled (no gather instruction: each lane's offset extracted,
-// bounds-checked, loaded and inserted), which costs less. A load whose address is the same in
-// every lane (x here) is one load and a broadcast. The host binds a window only when the
-// buffer has UNIFORM usage and room for the whole window.
+// bounds-checked, loaded and inserted), which costs less; also where every lane's address is
+// the same (docs/benchmarks.md, 2026-12-08). The host binds a window only when the buffer has
+// UNIFORM usage and room for the whole window.
 
 @group(0) @binding(0) var<uniform> params: QMatmulParams;
 @group(0) @binding(1) var<uniform> x: array<vec4<f32>, X_VEC4>;

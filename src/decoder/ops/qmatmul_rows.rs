@@ -3,9 +3,8 @@
 //! dispatch binds for one row of `x`) and computes their 16 partials itself, each decoded chunk
 //! applied to up to 4 rows of `x`, with the bits of the lane kernel
 //! ([`super::qmatmul`]). It reads `x` and `W` through uniform bindings of [`X_WINDOW_BYTES`]
-//! (on Mesa's CPU adapters a uniform load at lane-dependent addresses is one scalar load a lane,
-//! unrolled, and a storage load a loop over the SIMD lanes through the stack, slower still; a
-//! load at one address for all lanes is a load and a broadcast): the `x` buffer needs
+//! (on Mesa's CPU adapters a uniform load is one scalar load a lane, unrolled, and a storage
+//! load a loop over the SIMD lanes through the stack, slower still): the `x` buffer needs
 //! `UNIFORM` usage and room for the window after the row,
 //! which [`input_buffer`] gives, and the weight a CPU adapter's upload of 64 KiB or more
 //! ([`QWeight::has_windows`](super::qmatmul::QWeight::has_windows)). The decoder makes its
