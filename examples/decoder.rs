@@ -328,7 +328,9 @@ fn run_model(ctx: &Context, path: &Path, opts: &TextOptions) -> Result<()> {
     );
     eprintln!("{}", per_step_line(&stats.decode_profile));
     if opts.profile_ops {
-        if stats.op_profile.is_empty() {
+        if stats.decode_profile.is_empty() {
+            eprintln!("no per-op profile: no decode step ran");
+        } else if stats.op_profile.is_empty() {
             eprintln!("no per-op profile: the adapter has no timestamps");
         } else {
             eprintln!(
