@@ -81,9 +81,4 @@ impl<'e> StepPasses<'e> {
                 .forget_lifetime()
         })
     }
-
-    /// Ends the open pass, so the encoder records again.
-    pub fn finish(mut self) {
-        self.pass = None;
-    }
 }

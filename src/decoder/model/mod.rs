@@ -12,7 +12,8 @@
 //! softmax) is left out, as usual.
 //!
 //! A step is one submission ([`Decoder::encode_step`] records it into one compute pass of an
-//! encoder; [`Decoder::forward_with`] submits it and reads the logits back). The decoder keeps
+//! encoder, or a pass per op for profiling, [`Decoder::set_pass_per_op`];
+//! [`Decoder::forward_with`] submits it and reads the logits back). The decoder keeps
 //! what a step records (prepared kernels with their bind groups, the append and attention
 //! plans, the logits buffer and its staging) for the last two step shapes, so a decode step
 //! with the batch shape of the previous one creates no buffer and no bind group.
@@ -307,10 +308,9 @@ impl Decoder {
         step.append.update(ctx, cache, &append)?;
         step.attention.update(ctx, cache, &queries)?;
         {
-            let per_op = self.pass_per_op.load(Ordering::Relaxed);
-            let mut passes = StepPasses::new(ctx, encoder, per_op);
+            // The passes end when `passes` goes out of scope, so the encoder records again.
+            let mut passes = StepPasses::new(ctx, encoder, self.pass_per_op());
             self.encode_layers(ctx, &mut passes, cache, &step, s)?;
-            passes.finish();
         }
         let bytes = (rows * c.vocab * 4) as u64;
         step.readback.encode_copy(encoder, &step.logits, 0, bytes)?;
